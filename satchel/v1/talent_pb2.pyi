@@ -1,0 +1,194 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RelevanceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEVANCE_MODE_UNSPECIFIED: _ClassVar[RelevanceMode]
+    RELEVANCE_MODE_OFF: _ClassVar[RelevanceMode]
+    RELEVANCE_MODE_EMBEDDINGS: _ClassVar[RelevanceMode]
+RELEVANCE_MODE_UNSPECIFIED: RelevanceMode
+RELEVANCE_MODE_OFF: RelevanceMode
+RELEVANCE_MODE_EMBEDDINGS: RelevanceMode
+
+class Talent(_message.Message):
+    __slots__ = ("id", "name", "summary", "body", "tags", "triggers", "task_types", "roles", "requires", "includes", "recommends", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_FIELD_NUMBER: _ClassVar[int]
+    INCLUDES_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    summary: str
+    body: str
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    triggers: _containers.RepeatedScalarFieldContainer[str]
+    task_types: _containers.RepeatedScalarFieldContainer[str]
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    requires: _containers.RepeatedScalarFieldContainer[str]
+    includes: _containers.RepeatedScalarFieldContainer[str]
+    recommends: _containers.RepeatedScalarFieldContainer[str]
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SelectedTalent(_message.Message):
+    __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens")
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    STEM_HITS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    talent_id: str
+    name: str
+    score: float
+    similarity: float
+    stem_hits: int
+    reason: str
+    tokens: int
+    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., reason: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class ExcludedTalent(_message.Message):
+    __slots__ = ("talent_id", "reason", "score")
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    talent_id: str
+    reason: str
+    score: float
+    def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class TalentSelection(_message.Message):
+    __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance")
+    SELECTED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    COMPILED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_SELECTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    selected: _containers.RepeatedCompositeFieldContainer[SelectedTalent]
+    excluded: _containers.RepeatedCompositeFieldContainer[ExcludedTalent]
+    out_of_domain: bool
+    note: str
+    compiled: str
+    tokens_selected: int
+    tokens_candidates: int
+    relevance: RelevanceMode
+    def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ...) -> None: ...
+
+class DiagnosisFinding(_message.Message):
+    __slots__ = ("code", "talent_id", "detail")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    talent_id: str
+    detail: str
+    def __init__(self, code: _Optional[str] = ..., talent_id: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class UpsertTalentRequest(_message.Message):
+    __slots__ = ("talent",)
+    TALENT_FIELD_NUMBER: _ClassVar[int]
+    talent: Talent
+    def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ...) -> None: ...
+
+class UpsertTalentResponse(_message.Message):
+    __slots__ = ("talent", "created")
+    TALENT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    talent: Talent
+    created: bool
+    def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListTalentsRequest(_message.Message):
+    __slots__ = ("project_id", "active_only")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    active_only: bool
+    def __init__(self, project_id: _Optional[str] = ..., active_only: _Optional[bool] = ...) -> None: ...
+
+class ListTalentsResponse(_message.Message):
+    __slots__ = ("talents", "active_talent_ids")
+    TALENTS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_TALENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    talents: _containers.RepeatedCompositeFieldContainer[Talent]
+    active_talent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, talents: _Optional[_Iterable[_Union[Talent, _Mapping]]] = ..., active_talent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetTalentActivationRequest(_message.Message):
+    __slots__ = ("project_id", "talent_id", "active")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    talent_id: str
+    active: bool
+    def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
+
+class SetTalentActivationResponse(_message.Message):
+    __slots__ = ("project_id", "talent_id", "active")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    talent_id: str
+    active: bool
+    def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
+
+class ResolveTalentsRequest(_message.Message):
+    __slots__ = ("project_id", "role", "task", "relevance", "budget_tokens", "floor", "beta", "margin")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    role: str
+    task: str
+    relevance: RelevanceMode
+    budget_tokens: int
+    floor: float
+    beta: float
+    margin: float
+    def __init__(self, project_id: _Optional[str] = ..., role: _Optional[str] = ..., task: _Optional[str] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., budget_tokens: _Optional[int] = ..., floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ...) -> None: ...
+
+class ResolveTalentsResponse(_message.Message):
+    __slots__ = ("selection",)
+    SELECTION_FIELD_NUMBER: _ClassVar[int]
+    selection: TalentSelection
+    def __init__(self, selection: _Optional[_Union[TalentSelection, _Mapping]] = ...) -> None: ...
+
+class DiagnoseProjectRequest(_message.Message):
+    __slots__ = ("project_id",)
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    def __init__(self, project_id: _Optional[str] = ...) -> None: ...
+
+class DiagnoseProjectResponse(_message.Message):
+    __slots__ = ("findings",)
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    findings: _containers.RepeatedCompositeFieldContainer[DiagnosisFinding]
+    def __init__(self, findings: _Optional[_Iterable[_Union[DiagnosisFinding, _Mapping]]] = ...) -> None: ...
