@@ -1,0 +1,282 @@
+"""Greedy packing of scored candidates into one token budget, one traced decision at a time.
+
+Pure: no I/O. A `Packer` lives for one context call; its passes (facts, multi-hop facts,
+episodes) share the budget, and every decision is yielded as soon as it is made so the caller can
+stream it while packing continues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from .rendering import estimate_tokens
+
+INCLUDED: Final = "included"
+EXCLUDED: Final = "excluded"
+BLOCKED: Final = "blocked"
+OUTCOMES: Final = (INCLUDED, EXCLUDED, BLOCKED)
+
+FACT: Final = "fact"
+EPISODE: Final = "episode"
+KINDS: Final = (FACT, EPISODE)
+
+RELEVANCE: Final = "relevance"
+MULTI_HOP_EXPANSION: Final = "multi_hop_expansion"
+OVER_BUDGET: Final = "over_budget"
+BELOW_RELEVANCE_FLOOR: Final = "below_relevance_floor"
+CONFLICT_OPEN: Final = "conflict_open"
+VOLATILITY_EXPIRED: Final = "volatility_expired"
+REASON_CODES: Final = (
+    RELEVANCE,
+    MULTI_HOP_EXPANSION,
+    OVER_BUDGET,
+    BELOW_RELEVANCE_FLOOR,
+    CONFLICT_OPEN,
+    VOLATILITY_EXPIRED,
+)
+
+HIDDEN_OUTCOMES: Final[dict[str, str]] = {CONFLICT_OPEN: BLOCKED, VOLATILITY_EXPIRED: EXCLUDED}
+"""Outcome of a candidate hidden by a hard filter, by its `blocked_reason`."""
+
+STATUS_OK: Final = "ok"
+STATUS_DEGRADED: Final = "degraded"
+NO_RELEVANT_MEMORY: Final = "no_relevant_memory"
+
+DEFAULT_BUDGET_TOKENS: Final = 900
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    """Weights of the hybrid score and the recency time constant (configuration, not contract)."""
+
+    similarity: float = 0.6
+    text_rank: float = 0.25
+    recency: float = 0.15
+    tau_seconds: float = 30 * 86400
+
+
+def recency(age_seconds: float, tau: float) -> float:
+    """Exponential decay `exp(-max(age, 0) / tau)`: 1 for a fact valid from now on."""
+    if tau <= 0:
+        raise ValueError("tau must be positive")
+    return math.exp(-max(age_seconds, 0.0) / tau)
+
+
+DEFAULT_WEIGHTS: Final = ScoreWeights()
+
+
+def hybrid_score(
+    similarity: float,
+    text_rank: float,
+    age_seconds: float,
+    weights: ScoreWeights = DEFAULT_WEIGHTS,
+) -> float:
+    """The reference ranking: weighted cosine similarity + full-text rank + recency."""
+    return (
+        weights.similarity * similarity
+        + weights.text_rank * text_rank
+        + weights.recency * recency(age_seconds, weights.tau_seconds)
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fact or an episode offered to the packer, with its rendered text and scores.
+
+    `blocked_reason` is set (`conflict_open` or `volatility_expired`) when a hard filter hides it.
+    """
+
+    id: str
+    kind: str
+    text: str
+    similarity: float
+    text_rank: float
+    recency: float
+    score: float
+    blocked_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown candidate kind {self.kind!r}")
+        if self.blocked_reason is not None and self.blocked_reason not in HIDDEN_OUTCOMES:
+            raise ValueError(f"unknown blocked_reason {self.blocked_reason!r}")
+        if not math.isfinite(self.score):
+            raise ValueError(f"candidate {self.id!r} has a non-finite score")
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens of `text`."""
+        return estimate_tokens(self.text)
+
+    @property
+    def distance(self) -> float:
+        """Cosine distance to the query: `1 - similarity`."""
+        return 1.0 - self.similarity
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One traced decision; `budget_used` is the tokens spent once it is made."""
+
+    sequence: int
+    candidate: Candidate
+    outcome: str
+    reason_code: str
+    budget_used: int
+
+
+def _ranked(candidates: Iterable[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: (-c.score, c.id))
+
+
+class Packer:
+    """Greedy packer over one budget shared by every pass of a context call.
+
+    Each pass method is a generator: nothing is decided until it is iterated, and each decision
+    updates the packer's state before it is yielded. A candidate (by kind and id) gets at most one
+    decision per packer; later occurrences are skipped silently.
+    """
+
+    def __init__(self, budget_tokens: int, max_distance: float = 0.0) -> None:
+        if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int):
+            raise ValueError("budget_exceeded: budget_tokens must be a positive integer")
+        if budget_tokens <= 0:
+            raise ValueError("budget_exceeded: budget_tokens must be a positive integer")
+        self._budget = budget_tokens
+        self._max_distance = max_distance
+        self._used = 0
+        self._sequence = 0
+        self._decided: set[tuple[str, str]] = set()
+        self._decisions: list[Decision] = []
+        self._included: list[Candidate] = []
+        self._hidden: dict[str, int] = {}
+        self._gated_out = 0
+
+    @property
+    def budget_tokens(self) -> int:
+        """The budget of the whole call."""
+        return self._budget
+
+    @property
+    def max_distance(self) -> float:
+        """The relevance floor (maximum cosine distance); 0 or less means off."""
+        return self._max_distance
+
+    @property
+    def used(self) -> int:
+        """Tokens spent by included candidates."""
+        return self._used
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still available."""
+        return self._budget - self._used
+
+    @property
+    def included(self) -> list[Candidate]:
+        """Included candidates, in inclusion order."""
+        return list(self._included)
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """Every decision made so far, in sequence order."""
+        return list(self._decisions)
+
+    @property
+    def hidden_counts(self) -> dict[str, int]:
+        """Candidates hidden by a hard filter, per reason code (only reasons that occurred)."""
+        return dict(self._hidden)
+
+    @property
+    def gated_out(self) -> int:
+        """Candidates excluded by the relevance floor."""
+        return self._gated_out
+
+    @property
+    def considered(self) -> int:
+        """Candidates decided, whatever the outcome."""
+        return len(self._decisions)
+
+    def _is_decided(self, candidate: Candidate) -> bool:
+        return (candidate.kind, candidate.id) in self._decided
+
+    def _decide(self, candidate: Candidate, outcome: str, reason_code: str) -> Decision:
+        self._decided.add((candidate.kind, candidate.id))
+        self._sequence += 1
+        decision = Decision(self._sequence, candidate, outcome, reason_code, self._used)
+        self._decisions.append(decision)
+        return decision
+
+    def _below_floor(self, candidate: Candidate) -> bool:
+        return self._max_distance > 0 and candidate.distance > self._max_distance
+
+    def block(self, candidates: Iterable[Candidate]) -> Iterator[Decision]:
+        """Decide candidates hidden by a hard filter, in score order; others are ignored.
+
+        `conflict_open` is `blocked`, `volatility_expired` is `excluded`; no budget is spent.
+        """
+        for candidate in _ranked(candidates):
+            reason = candidate.blocked_reason
+            if reason is None or self._is_decided(candidate):
+                continue
+            self._hidden[reason] = self._hidden.get(reason, 0) + 1
+            yield self._decide(candidate, HIDDEN_OUTCOMES[reason], reason)
+
+    def pack(
+        self,
+        candidates: Iterable[Candidate],
+        *,
+        gated: bool = True,
+        reason: str = RELEVANCE,
+    ) -> Iterator[Decision]:
+        """Pack candidates by descending score (ties by id) into the remaining budget.
+
+        Order of decisions: hidden candidates (as `block`), then, when `gated` and the floor is
+        on, floor exclusions (`below_relevance_floor`), then inclusions with `reason` or
+        `over_budget` exclusions; a candidate too large is skipped and packing continues.
+        `reason` is `relevance` (main pass) or `multi_hop_expansion`.
+        """
+        if reason not in (RELEVANCE, MULTI_HOP_EXPANSION):
+            raise ValueError(f"not an inclusion reason: {reason!r}")
+        return self._pack(_ranked(candidates), gated=gated, reason=reason)
+
+    def _pack(self, ranked: list[Candidate], *, gated: bool, reason: str) -> Iterator[Decision]:
+        yield from self.block(ranked)
+        if gated:
+            for candidate in ranked:
+                if not self._is_decided(candidate) and self._below_floor(candidate):
+                    self._gated_out += 1
+                    yield self._decide(candidate, EXCLUDED, BELOW_RELEVANCE_FLOOR)
+        for candidate in ranked:
+            if self._is_decided(candidate):
+                continue
+            if candidate.tokens <= self.remaining:
+                self._used += candidate.tokens
+                self._included.append(candidate)
+                yield self._decide(candidate, INCLUDED, reason)
+            else:
+                yield self._decide(candidate, EXCLUDED, OVER_BUDGET)
+
+
+def packet_status(hidden_counts: dict[str, int]) -> tuple[str, list[str]]:
+    """The packet `status` and its warnings; any warning makes it `degraded`."""
+    warnings: list[str] = []
+    conflicts = hidden_counts.get(CONFLICT_OPEN, 0)
+    if conflicts > 0:
+        warnings.append(f"open_conflict: {conflicts} fact(s) hidden pending conflict resolution")
+    expired = hidden_counts.get(VOLATILITY_EXPIRED, 0)
+    if expired > 0:
+        warnings.append(
+            f"volatility_expired: {expired} fact(s) hidden past their volatility horizon"
+        )
+    return (STATUS_DEGRADED if warnings else STATUS_OK), warnings
+
+
+def empty_reason(packer: Packer) -> str:
+    """`no_relevant_memory` when the relevance floor emptied the call, else ""."""
+    if not packer.included and packer.gated_out > 0:
+        return NO_RELEVANT_MEMORY
+    return ""
