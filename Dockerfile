@@ -1,0 +1,28 @@
+# syntax=docker/dockerfile:1
+# Production image: pass SATCHEL_DATABASE_URL (PostgreSQL >= 15 with pgvector >= 0.8).
+# Without it the server starts an embedded PostgreSQL in SATCHEL_DATA_DIR (demo use only).
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY satchel ./satchel
+COPY client ./client
+COPY server ./server
+COPY migrations ./migrations
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim-bookworm
+RUN useradd --create-home --uid 10001 satchel \
+    && mkdir -p /var/lib/satchel \
+    && chown satchel:satchel /var/lib/satchel
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+USER 10001:10001
+ENV SATCHEL_LISTEN=0.0.0.0:50051 \
+    SATCHEL_DATA_DIR=/var/lib/satchel \
+    PYTHONUNBUFFERED=1
+EXPOSE 50051
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["satchel", "healthcheck"]
+ENTRYPOINT ["satchel"]
+CMD ["serve"]

@@ -1,0 +1,124 @@
+"""The gRPC server's lifecycle: listen early, become SERVING once the database and model are
+ready, drain in-flight calls on stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from satchel.server.api.context import ContextServicer
+from satchel.server.api.memory import MemoryServicer
+from satchel.server.api.talents import TalentServicer
+from satchel.server.config import Settings
+from satchel.server.embedding import load_embedder
+from satchel.server.interceptors import ServiceInterceptor
+from satchel.server.runtime import Runtime, RuntimeRef
+from satchel.server.storage.embedded import EmbeddedPostgres
+from satchel.server.storage.migrations import apply_migrations, check_embedding_schema
+from satchel.server.storage.pool import create_pool
+from satchel.v1 import (
+    context_pb2,
+    context_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
+    talent_pb2,
+    talent_pb2_grpc,
+)
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAMES = (
+    context_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name,
+    memory_pb2.DESCRIPTOR.services_by_name["MemoryService"].full_name,
+    talent_pb2.DESCRIPTOR.services_by_name["TalentService"].full_name,
+)
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class SatchelServer:
+    """One satchel replica: the gRPC server plus the resources its services need."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.runtime = RuntimeRef()
+        self.health = health.aio.HealthServicer()
+        self.port: int | None = None
+        self._embedded: EmbeddedPostgres | None = None
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen (NOT_SERVING), prepare database and model, then report SERVING."""
+        server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(lambda: self.runtime.value is not None)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        context_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(self.runtime), server)
+        memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(self.runtime), server)
+        talent_pb2_grpc.add_TalentServiceServicer_to_server(TalentServicer(self.runtime), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = server.add_insecure_port(self.settings.listen)
+        await server.start()
+        self._server = server
+        log.info("server_listening", address=self.settings.listen, port=self.port)
+        self.runtime.value = await self._prepare_runtime()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("server_ready", embedding_model=self.runtime.value.embedder.model_id)
+
+    async def _prepare_runtime(self) -> Runtime:
+        settings = self.settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+        def prepare_database() -> str:
+            dsn = settings.database_url
+            if not dsn:
+                self._embedded = EmbeddedPostgres(settings.data_dir)
+                dsn = self._embedded.start()
+            apply_migrations(dsn)
+            return dsn
+
+        dsn, embedder = await asyncio.gather(
+            asyncio.to_thread(prepare_database), asyncio.to_thread(load_embedder, settings)
+        )
+        await asyncio.to_thread(check_embedding_schema, dsn, embedder.dimension, embedder.model_id)
+        pool = create_pool(
+            dsn,
+            min_size=settings.db_pool_min,
+            max_size=settings.db_pool_max,
+            ef_search=settings.hnsw_ef_search,
+        )
+        await pool.open(wait=True, timeout=30)
+        return Runtime(settings=settings, pool=pool, embedder=embedder)
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self) -> None:
+        """Refuse new calls, let in-flight ones finish within the grace period, release all."""
+        await self.health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace_seconds)
+        runtime, self.runtime.value = self.runtime.value, None
+        if runtime is not None:
+            await runtime.pool.close()
+            runtime.executor.shutdown(wait=False, cancel_futures=True)
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+            self._embedded = None
+        log.info("server_stopped")

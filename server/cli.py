@@ -1,0 +1,119 @@
+"""The `satchel` command. Server commands live here; each one is a small function."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Callable
+
+import structlog
+
+from satchel import __version__
+from satchel.server.config import ConfigError, Settings
+from satchel.server.logs import configure_logging
+
+log = structlog.get_logger("satchel")
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the gRPC server until SIGTERM or SIGINT."""
+    from satchel.server.app import SatchelServer
+
+    async def run() -> int:
+        server = SatchelServer(settings)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        try:
+            starting = asyncio.create_task(server.start())
+            stop_wait = asyncio.create_task(stopping.wait())
+            await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                await stop_wait
+            else:
+                starting.cancel()
+        except ConfigError as exc:
+            log.error("startup_failed", error=str(exc))
+            return 2
+        finally:
+            log.info("shutting_down")
+            await server.stop()
+        return 0
+
+    return asyncio.run(run())
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply pending migrations to SATCHEL_DATABASE_URL (or the embedded database)."""
+    from satchel.server.storage.embedded import EmbeddedPostgres
+    from satchel.server.storage.migrations import apply_migrations
+
+    embedded = None
+    dsn = settings.database_url
+    if not dsn:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        embedded = EmbeddedPostgres(settings.data_dir)
+        dsn = embedded.start()
+    try:
+        applied = apply_migrations(dsn)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
+    return 0
+
+
+def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
+    """Exit 0 when the server at SATCHEL_LISTEN reports SERVING (for container health checks)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    host, _, port = settings.listen.rpartition(":")
+    target = f"{'127.0.0.1' if host in ('0.0.0.0', '', '[::]') else host}:{port}"
+    try:
+        with grpc.insecure_channel(target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=args.timeout
+            )
+    except grpc.RpcError as exc:
+        print(f"{target}: {exc.code().name}", file=sys.stderr)
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="satchel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"satchel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("serve", help="run the gRPC server").set_defaults(func=cmd_serve)
+    commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    check = commands.add_parser("healthcheck", help="exit 0 when the local server is SERVING")
+    check.add_argument("--timeout", type=float, default=3.0)
+    check.set_defaults(func=cmd_healthcheck)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"satchel: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    func: Callable[[argparse.Namespace, Settings], int] = args.func
+    try:
+        return func(args, settings)
+    except ConfigError as exc:
+        print(f"satchel: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Server settings, read once from SATCHEL_* environment variables.
+
+Every knob lives here with its default; `Settings.from_env` validates them and fails fast
+with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class ConfigError(ValueError):
+    """A SATCHEL_* variable has a value the server cannot run with."""
+
+
+def _default_data_dir() -> Path:
+    # The embedded PostgreSQL wheel makes every ancestor of its data directory world-readable
+    # and, as root, runs postgres as another user: keep the default out of /root.
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/satchel")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "satchel"
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """Knobs of context assembly (weights and limits are configuration, not contract)."""
+
+    default_budget_tokens: int = 900
+    retrieval_top_k: int = 64
+    candidate_limit: int = 256
+    episode_top_k: int = 8
+    recall_max_distance: float = 0.0
+    weight_similarity: float = 0.6
+    weight_text_rank: float = 0.25
+    weight_recency: float = 0.15
+    recency_tau_days: float = 30.0
+    multi_hop_max_entities: int = 2
+    multi_hop_max_per_entity: int = 5
+
+
+@dataclass(frozen=True)
+class TalentSettings:
+    """Defaults of talent selection; requests may override floor, beta, margin and budget."""
+
+    relevance: str = "off"
+    floor: float = 0.18
+    beta: float = 0.12
+    margin: float = 0.15
+    budget_tokens: int = 2000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server reads from its environment."""
+
+    database_url: str | None = None
+    data_dir: Path = field(default_factory=_default_data_dir)
+    listen: str = "127.0.0.1:50051"
+    embed_model: str = DEFAULT_EMBED_MODEL
+    embed_model_path: Path | None = None
+    embed_threads: int = 1
+    db_pool_min: int = 2
+    db_pool_max: int = 10
+    hnsw_ef_search: int = 100
+    shutdown_grace_seconds: float = 10.0
+    log_level: str = "info"
+    log_format: str = "json"
+    context: ContextSettings = field(default_factory=ContextSettings)
+    talents: TalentSettings = field(default_factory=TalentSettings)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Build settings from SATCHEL_* variables (or `env`), validating each."""
+        env = dict(os.environ if env is None else env)
+        top = _read(cls, env, "SATCHEL_", skip={"context", "talents"})
+        context = ContextSettings(**_read(ContextSettings, env, "SATCHEL_"))
+        talents = TalentSettings(**_read(TalentSettings, env, "SATCHEL_TALENT_"))
+        settings = cls(**top, context=context, talents=talents)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise ConfigError on values the server cannot run with."""
+        c, t = self.context, self.talents
+        checks = [
+            (self.embed_threads >= 1, "SATCHEL_EMBED_THREADS must be at least 1"),
+            (1 <= self.db_pool_min <= self.db_pool_max, "need 1 <= SATCHEL_DB_POOL_MIN <= MAX"),
+            (self.hnsw_ef_search >= 1, "SATCHEL_HNSW_EF_SEARCH must be positive"),
+            (c.default_budget_tokens > 0, "SATCHEL_DEFAULT_BUDGET_TOKENS must be positive"),
+            (c.retrieval_top_k > 0, "SATCHEL_RETRIEVAL_TOP_K must be positive"),
+            (c.candidate_limit > 0, "SATCHEL_CANDIDATE_LIMIT must be positive"),
+            (c.episode_top_k >= 0, "SATCHEL_EPISODE_TOP_K must not be negative"),
+            (0.0 <= c.recall_max_distance <= 2.0, "SATCHEL_RECALL_MAX_DISTANCE must be in [0, 2]"),
+            (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),
+            (t.relevance in ("off", "embeddings"), "SATCHEL_TALENT_RELEVANCE is off|embeddings"),
+            (t.budget_tokens > 0, "SATCHEL_TALENT_BUDGET_TOKENS must be positive"),
+            (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
+            (":" in self.listen, "SATCHEL_LISTEN must be host:port"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.embed_model_path is not None and not self.embed_model_path.is_dir():
+            raise ConfigError(
+                f"SATCHEL_EMBED_MODEL_PATH {self.embed_model_path} is not a directory"
+            )
+
+
+def _read(cls: type, env: dict[str, str], prefix: str, skip: set[str] = frozenset()) -> dict:
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        name = prefix + f.name.upper()
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        values[f.name] = _convert(name, raw, str(f.type))
+    return values
+
+
+def _convert(name: str, raw: str, type_name: str) -> Any:
+    try:
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if "Path" in type_name:
+            return Path(raw).expanduser()
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is not a valid {type_name}") from exc
+    return raw

@@ -1,0 +1,56 @@
+"""What the services share: settings, the connection pool and the embedder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from psycopg_pool import AsyncConnectionPool
+
+from satchel.server.config import Settings
+from satchel.server.embedding.port import Embedder
+
+
+@dataclass
+class Runtime:
+    """The dependencies of the gRPC services, ready once the database and model are."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    embedder: Embedder
+    # ONNX releases the GIL; one thread keeps the model off the event loop without
+    # competing with PostgreSQL for the machine's cores.
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+    )
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.embedder.embed, list(texts))
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        """Embed one query (with the model's query prefix)."""
+        return (await self.embed([self.embedder.query_prefix + text]))[0]
+
+    async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed stored texts (with the model's passage prefix)."""
+        prefix = self.embedder.passage_prefix
+        return await self.embed([prefix + text for text in texts])
+
+
+class RuntimeRef:
+    """A slot the services read the runtime from; empty while the server starts."""
+
+    def __init__(self) -> None:
+        self.value: Runtime | None = None
+
+    def __call__(self) -> Runtime:
+        if self.value is None:
+            from satchel.server.errors import Unavailable
+
+            raise Unavailable("satchel is starting", reason="NOT_READY")
+        return self.value

