@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import signal
 import sys
 from collections.abc import Callable
@@ -87,10 +88,17 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+# Modules that add subcommands: each has `register(commands)` adding parsers whose
+# `func(args, settings) -> int` runs the command.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="satchel", description=__doc__)
     parser.add_argument("--version", action="version", version=f"satchel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
     commands.add_parser("serve", help="run the gRPC server").set_defaults(func=cmd_serve)
     commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
     check = commands.add_parser("healthcheck", help="exit 0 when the local server is SERVING")
