@@ -90,7 +90,7 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
 
 # Modules that add subcommands: each has `register(commands)` adding parsers whose
 # `func(args, settings) -> int` runs the command.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("satchel.server.commands.talents",)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,13 +46,19 @@ class ContextSettings:
 
 @dataclass(frozen=True)
 class TalentSettings:
-    """Defaults of talent selection; requests may override floor, beta, margin and budget."""
+    """Defaults of talent selection; requests may override floor, beta, margin and budget.
+
+    Unset floor/beta/margin take the calibrated defaults of the embedding model
+    (`satchel.server.talents.MODEL_DEFAULTS`, see benchmarks/talents.md). `roles` is a comma
+    separated list of roles the doctor always knows.
+    """
 
     relevance: str = "off"
-    floor: float = 0.18
-    beta: float = 0.12
-    margin: float = 0.15
+    floor: float | None = None
+    beta: float | None = None
+    margin: float | None = None
     budget_tokens: int = 2000
+    roles: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class Settings:
             (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),
             (t.relevance in ("off", "embeddings"), "SATCHEL_TALENT_RELEVANCE is off|embeddings"),
             (t.budget_tokens > 0, "SATCHEL_TALENT_BUDGET_TOKENS must be positive"),
+            (t.beta is None or t.beta >= 0, "SATCHEL_TALENT_BETA must not be negative"),
+            (t.margin is None or t.margin >= 0, "SATCHEL_TALENT_MARGIN must not be negative"),
+            (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
             (":" in self.listen, "SATCHEL_LISTEN must be host:port"),
         ]
@@ -126,6 +135,7 @@ def _read(cls: type, env: dict[str, str], prefix: str, skip: set[str] = frozense
 
 
 def _convert(name: str, raw: str, type_name: str) -> Any:
+    type_name = type_name.removesuffix(" | None")
     try:
         if type_name == "int":
             return int(raw)

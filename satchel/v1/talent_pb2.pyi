@@ -48,7 +48,7 @@ class Talent(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SelectedTalent(_message.Message):
-    __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens")
+    __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens", "required_by")
     TALENT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class SelectedTalent(_message.Message):
     STEM_HITS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_BY_FIELD_NUMBER: _ClassVar[int]
     talent_id: str
     name: str
     score: float
@@ -63,20 +64,31 @@ class SelectedTalent(_message.Message):
     stem_hits: int
     reason: str
     tokens: int
-    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., reason: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+    required_by: str
+    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., reason: _Optional[str] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ...) -> None: ...
 
 class ExcludedTalent(_message.Message):
-    __slots__ = ("talent_id", "reason", "score")
+    __slots__ = ("talent_id", "reason", "score", "name", "similarity", "stem_hits", "tokens", "required_by")
     TALENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    STEM_HITS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_BY_FIELD_NUMBER: _ClassVar[int]
     talent_id: str
     reason: str
     score: float
-    def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+    name: str
+    similarity: float
+    stem_hits: int
+    tokens: int
+    required_by: str
+    def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ..., name: _Optional[str] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ...) -> None: ...
 
 class TalentSelection(_message.Message):
-    __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance")
+    __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance", "params")
     SELECTED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     OUT_OF_DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +97,7 @@ class TalentSelection(_message.Message):
     TOKENS_SELECTED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     RELEVANCE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     selected: _containers.RepeatedCompositeFieldContainer[SelectedTalent]
     excluded: _containers.RepeatedCompositeFieldContainer[ExcludedTalent]
     out_of_domain: bool
@@ -93,7 +106,20 @@ class TalentSelection(_message.Message):
     tokens_selected: int
     tokens_candidates: int
     relevance: RelevanceMode
-    def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ...) -> None: ...
+    params: TalentSelectionParams
+    def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., params: _Optional[_Union[TalentSelectionParams, _Mapping]] = ...) -> None: ...
+
+class TalentSelectionParams(_message.Message):
+    __slots__ = ("floor", "beta", "margin", "budget_tokens")
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    BETA_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    floor: float
+    beta: float
+    margin: float
+    budget_tokens: int
+    def __init__(self, floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
 
 class DiagnosisFinding(_message.Message):
     __slots__ = ("code", "talent_id", "detail")
@@ -182,13 +208,17 @@ class ResolveTalentsResponse(_message.Message):
     def __init__(self, selection: _Optional[_Union[TalentSelection, _Mapping]] = ...) -> None: ...
 
 class DiagnoseProjectRequest(_message.Message):
-    __slots__ = ("project_id",)
+    __slots__ = ("project_id", "roles")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     project_id: str
-    def __init__(self, project_id: _Optional[str] = ...) -> None: ...
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, project_id: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DiagnoseProjectResponse(_message.Message):
-    __slots__ = ("findings",)
+    __slots__ = ("findings", "roles_known")
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    ROLES_KNOWN_FIELD_NUMBER: _ClassVar[int]
     findings: _containers.RepeatedCompositeFieldContainer[DiagnosisFinding]
-    def __init__(self, findings: _Optional[_Iterable[_Union[DiagnosisFinding, _Mapping]]] = ...) -> None: ...
+    roles_known: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, findings: _Optional[_Iterable[_Union[DiagnosisFinding, _Mapping]]] = ..., roles_known: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,497 @@
+"""`satchel talents …` and `satchel doctor`: the talent catalogue from the command line.
+
+- `satchel talents import DIR [--project P] [--activate]` reads talent files (`SKILL.md`,
+  `*.mdc` rules, other `*.md` with front matter) and upserts them through the gRPC API.
+- `satchel talents list|activate|resolve` and `satchel doctor` call the other RPCs.
+
+Only grpcio and the generated stubs are imported: these commands run next to any server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from satchel.server.config import Settings
+from satchel.v1 import talent_pb2, talent_pb2_grpc
+
+LIST_FIELDS: tuple[str, ...] = (
+    "tags",
+    "triggers",
+    "task_types",
+    "roles",
+    "requires",
+    "includes",
+    "recommends",
+)
+SKILL_FILE = "skill.md"
+TIMEOUT_SECONDS = 60.0
+
+_HEADING = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.MULTILINE)
+_KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
+
+
+class FrontMatterError(ValueError):
+    """A talent file whose front matter cannot be read."""
+
+
+# --- talent files -------------------------------------------------------------------------
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        inner = text[1:-1]
+        return inner.replace("''", "'") if text[0] == "'" else inner.replace('\\"', '"')
+    return text
+
+
+def _split_commas(text: str) -> list[str]:
+    """Split on commas outside braces, brackets and quotes (`**/*.{ts,tsx}, a` has two)."""
+    items: list[str] = []
+    depth, quote, current = 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    items.append("".join(current))
+    return [_unquote(item) for item in items if _unquote(item)]
+
+
+def _scalar_or_list(raw: str) -> str | list[str]:
+    raw = raw.strip()
+    if raw.startswith("[") and raw.endswith("]"):
+        return _split_commas(raw[1:-1])
+    return _unquote(raw)
+
+
+def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """Split a talent file into (front matter, body). A tiny YAML subset, tolerant of `.mdc`.
+
+    Understood: `key: value` (quoted or not), `key: [a, b]`, a key followed by `- item` lines,
+    and `key: |` / `key: >` block scalars. Nested maps are skipped. A file without a leading
+    `---` line has no front matter.
+    """
+    lines = text.lstrip("\ufeff").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}, text.strip()
+    try:
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() in ("---", "..."))
+    except StopIteration as exc:
+        raise FrontMatterError("front matter has no closing '---' line") from exc
+    meta: dict[str, Any] = {}
+    block = lines[1:end]
+    index = 0
+    while index < len(block):
+        line = block[index]
+        index += 1
+        if not line.strip() or line.lstrip().startswith("#") or line[:1].isspace():
+            continue
+        match = _KEY.match(line)
+        if not match:
+            raise FrontMatterError(f"cannot read front matter line {line!r}")
+        key, raw = match.group(1), match.group(2).strip()
+        children: list[str] = []
+        while index < len(block) and (not block[index].strip() or block[index][:1].isspace()):
+            children.append(block[index])
+            index += 1
+        if raw in ("|", ">", "|-", ">-", "|+", ">+"):
+            parts = [child.strip() for child in children]
+            meta[key] = ("\n" if raw[0] == "|" else " ").join(p for p in parts if p).strip()
+        elif raw:
+            meta[key] = _scalar_or_list(raw)
+        elif children and all(
+            child.strip().startswith("- ") or child.strip() in ("-", "") for child in children
+        ):
+            items = [_unquote(child.strip()[1:]) for child in children if child.strip()]
+            meta[key] = [item for item in items if item]
+        else:
+            meta[key] = ""  # empty value or a nested map: not ours
+    return meta, "\n".join(lines[end + 1 :]).strip()
+
+
+def _as_list(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return _split_commas(str(value)) if str(value).strip() else []
+
+
+def talent_id_for(path: Path, root: Path) -> str:
+    """A dotted id from a path under the import root.
+
+    `architecture/hexagonal/SKILL.md` -> `architecture.hexagonal`, `rules/docker.mdc` ->
+    `rules.docker`; lower case, spaces become dashes. A root-level SKILL.md takes the root's name.
+    """
+    relative = path.relative_to(root)
+    parts = list(relative.parent.parts)
+    if path.name.lower() != SKILL_FILE:
+        parts.append(path.stem)
+    elif not parts:
+        parts = [root.resolve().name]
+    return ".".join(re.sub(r"\s+", "-", part.strip()).lower() for part in parts if part.strip())
+
+
+@dataclass
+class TalentFile:
+    """A parsed talent file: the fields of a `satchel.v1.Talent`."""
+
+    path: Path
+    id: str
+    name: str
+    summary: str = ""
+    body: str = ""
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+    def message(self) -> Any:
+        """The `satchel.v1.Talent` to upsert."""
+        return talent_pb2.Talent(
+            id=self.id, name=self.name, summary=self.summary, body=self.body, **self.lists
+        )
+
+
+def parse_talent_file(path: Path, root: Path) -> TalentFile:
+    """Read one talent file. Front matter: `id`, `name`, `description` (the summary), the list
+    fields of a talent, and for `.mdc` rules `globs` (added to the triggers). The name falls
+    back to the body's first `# heading`, then to the id's last part."""
+    meta, body = parse_front_matter(path.read_text(encoding="utf-8"))
+    talent_id = str(meta.get("id") or talent_id_for(path, root))
+    heading = _HEADING.search(body)
+    name = str(meta.get("name") or meta.get("title") or "").strip()
+    if not name:
+        name = heading.group(1) if heading else talent_id.rsplit(".", 1)[-1]
+    lists = {key: _as_list(meta.get(key, [])) for key in LIST_FIELDS}
+    lists["triggers"] += [g for g in _as_list(meta.get("globs", [])) if g not in lists["triggers"]]
+    return TalentFile(
+        path=path,
+        id=talent_id,
+        name=name,
+        summary=str(meta.get("description") or "").strip(),
+        body=body,
+        lists={key: values for key, values in lists.items() if values},
+    )
+
+
+def talent_files(root: Path) -> Iterator[Path]:
+    """Talent files under root, sorted: SKILL.md, *.mdc, and *.md starting with front matter.
+
+    Hidden directories (`.git`…) are skipped.
+    """
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts[:-1]) or not path.is_file():
+            continue
+        name = path.name.lower()
+        if name == SKILL_FILE or name.endswith(".mdc"):
+            yield path
+        elif name.endswith(".md"):
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                if handle.readline().strip() == "---":
+                    yield path
+
+
+# --- talking to the server ----------------------------------------------------------------
+
+
+def server_address(args: argparse.Namespace, settings: Settings) -> str:
+    """--address, else SATCHEL_ADDRESS, else SATCHEL_LISTEN (a wildcard host means loopback)."""
+    address = args.address or os.environ.get("SATCHEL_ADDRESS") or settings.listen
+    host, _, port = address.rpartition(":")
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '', '[::]') else host}:{port}"
+
+
+def _stub(channel: grpc.Channel) -> talent_pb2_grpc.TalentServiceStub:
+    return talent_pb2_grpc.TalentServiceStub(channel)
+
+
+def describe_error(exc: grpc.RpcError) -> str:
+    """`CODE: message` plus one line per field violation of a rich status."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    lines = [f"{exc.code().name}: {exc.details()}"]  # type: ignore[attr-defined]
+    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            lines += [f"  {v.field}: {v.description}" for v in bad.field_violations]
+    return "\n".join(lines)
+
+
+def _to_json(message: Message) -> str:
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=2,
+    )
+
+
+def _fail(exc: grpc.RpcError) -> int:
+    print(f"satchel: {describe_error(exc)}", file=sys.stderr)
+    return 1
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
+    """Upsert every talent file of a directory (and activate them on a project)."""
+    root: Path = args.directory
+    if not root.is_dir():
+        print(f"satchel: {root} is not a directory", file=sys.stderr)
+        return 2
+    if args.activate and not args.project:
+        print("satchel: --activate needs --project", file=sys.stderr)
+        return 2
+    paths = list(talent_files(root))
+    if not paths:
+        print(f"no talent files under {root}")
+        return 0
+    created = updated = activated = failed = 0
+    seen: dict[str, Path] = {}
+    with grpc.insecure_channel(server_address(args, settings)) as channel:
+        stub = _stub(channel)
+        for number, path in enumerate(paths, 1):
+            where = f"[{number}/{len(paths)}] {path.relative_to(root)}"
+            try:
+                talent = parse_talent_file(path, root)
+            except (FrontMatterError, UnicodeDecodeError) as exc:
+                failed += 1
+                print(f"{where}: skipped: {exc}")
+                continue
+            if talent.id in seen:
+                failed += 1
+                print(f"{where}: skipped: id {talent.id} already used by {seen[talent.id]}")
+                continue
+            seen[talent.id] = path.relative_to(root)
+            try:
+                reply = stub.UpsertTalent(
+                    talent_pb2.UpsertTalentRequest(talent=talent.message()),
+                    timeout=TIMEOUT_SECONDS,
+                )
+                if args.activate:
+                    stub.SetTalentActivation(
+                        talent_pb2.SetTalentActivationRequest(
+                            project_id=args.project, talent_id=talent.id, active=True
+                        ),
+                        timeout=TIMEOUT_SECONDS,
+                    )
+                    activated += 1
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+                    return _fail(exc)
+                failed += 1
+                print(f"{where}: failed: {describe_error(exc)}")
+                continue
+            created += reply.created
+            updated += not reply.created
+            verb = "created" if reply.created else "updated"
+            print(f"{where}: {verb} {talent.id}" + (" (active)" if args.activate else ""))
+    summary = f"imported {created + updated} talent(s): {created} created, {updated} updated"
+    if args.activate:
+        summary += f", {activated} activated on {args.project}"
+    print(summary + (f", {failed} failed" if failed else ""))
+    return 1 if failed else 0
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    """List the catalogue, or a project's talents with their activation."""
+    if args.active_only and not args.project:
+        print("satchel: --active-only needs --project", file=sys.stderr)
+        return 2
+    request = talent_pb2.ListTalentsRequest(
+        project_id=args.project or "", active_only=args.active_only
+    )
+    with grpc.insecure_channel(server_address(args, settings)) as channel:
+        try:
+            reply = _stub(channel).ListTalents(request, timeout=TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            return _fail(exc)
+    if args.json:
+        print(_to_json(reply))
+        return 0
+    active = set(reply.active_talent_ids)
+    for talent in reply.talents:
+        mark = ("* " if talent.id in active else "  ") if args.project else ""
+        summary = f"  — {talent.summary}" if talent.summary else ""
+        print(f"{mark}{talent.id}  {talent.name}{summary}")
+    print(f"{len(reply.talents)} talent(s)" + (f", {len(active)} active" if args.project else ""))
+    return 0
+
+
+def cmd_activate(args: argparse.Namespace, settings: Settings) -> int:
+    """Turn talents on (or off with --off) for a project."""
+    failed = 0
+    with grpc.insecure_channel(server_address(args, settings)) as channel:
+        stub = _stub(channel)
+        for talent_id in args.talent_ids:
+            request = talent_pb2.SetTalentActivationRequest(
+                project_id=args.project, talent_id=talent_id, active=not args.off
+            )
+            try:
+                stub.SetTalentActivation(request, timeout=TIMEOUT_SECONDS)
+            except grpc.RpcError as exc:
+                failed += 1
+                print(f"{talent_id}: {describe_error(exc)}", file=sys.stderr)
+                continue
+            print(f"{talent_id}: {'off' if args.off else 'on'} for {args.project}")
+    return 1 if failed else 0
+
+
+def render_selection(selection: Any) -> str:
+    """A TalentSelection for people: parameters, selected, excluded, note."""
+    mode = talent_pb2.RelevanceMode.Name(selection.relevance).removeprefix("RELEVANCE_MODE_")
+    p = selection.params
+    lines = [
+        f"relevance {mode.lower()}  floor {p.floor:g}  beta {p.beta:g}  margin {p.margin:g}"
+        f"  budget {p.budget_tokens}",
+        f"selected {len(selection.selected)} talent(s): {selection.tokens_selected} of"
+        f" {selection.tokens_candidates} candidate tokens",
+    ]
+    for t in selection.selected:
+        why = t.reason + (f" (required by {t.required_by})" if t.required_by else "")
+        lines.append(
+            f"  + {t.talent_id:<32} score {t.score:+.3f}  sim {t.similarity:+.3f}"
+            f"  hits {t.stem_hits}  tokens {t.tokens:>5}  {why}"
+        )
+    if selection.excluded:
+        lines.append(f"excluded {len(selection.excluded)} talent(s):")
+    for t in selection.excluded:
+        why = t.reason + (f" (required by {t.required_by})" if t.required_by else "")
+        lines.append(
+            f"  - {t.talent_id:<32} score {t.score:+.3f}  sim {t.similarity:+.3f}"
+            f"  hits {t.stem_hits}  tokens {t.tokens:>5}  {why}"
+        )
+    if selection.out_of_domain:
+        lines.append("out of domain")
+    if selection.note:
+        lines.append(f"note: {selection.note}")
+    return "\n".join(lines)
+
+
+RELEVANCE_CHOICES = {"default": 0, "off": 1, "embeddings": 2}
+
+
+def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
+    """Ask which talents an agent of a role receives for a task."""
+    request = talent_pb2.ResolveTalentsRequest(
+        project_id=args.project,
+        role=args.role,
+        task=args.task,
+        relevance=RELEVANCE_CHOICES[args.relevance],  # type: ignore[arg-type]
+    )
+    for name in ("budget_tokens", "floor", "beta", "margin"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(request, name, value)
+    with grpc.insecure_channel(server_address(args, settings)) as channel:
+        try:
+            reply = _stub(channel).ResolveTalents(request, timeout=TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            return _fail(exc)
+    if args.json:
+        print(_to_json(reply.selection))
+    elif args.compiled:
+        print(reply.selection.compiled)
+    else:
+        print(render_selection(reply.selection))
+        if reply.selection.compiled:
+            print("\n" + reply.selection.compiled)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    """Report what is wrong with a project's talents; exit 1 when anything is."""
+    request = talent_pb2.DiagnoseProjectRequest(project_id=args.project, roles=args.role or [])
+    with grpc.insecure_channel(server_address(args, settings)) as channel:
+        try:
+            reply = _stub(channel).DiagnoseProject(request, timeout=TIMEOUT_SECONDS)
+        except grpc.RpcError as exc:
+            return _fail(exc)
+    if args.json:
+        print(_to_json(reply))
+    else:
+        roles = ", ".join(reply.roles_known) or "none known (role check skipped)"
+        print(f"project {args.project}: roles {roles}")
+        for finding in reply.findings:
+            print(f"  {finding.code:<22} {finding.talent_id:<32} {finding.detail}")
+        print(f"{len(reply.findings)} finding(s)" if reply.findings else "no findings")
+    return 1 if reply.findings else 0
+
+
+def _address_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address", help="server host:port (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN)"
+    )
+
+
+def register(commands: Any) -> None:
+    """Add `talents` (import, list, activate, resolve) and `doctor` to the `satchel` command."""
+    talents = commands.add_parser("talents", help="the talent catalogue and selection")
+    sub = talents.add_subparsers(dest="talents_command", required=True)
+
+    imp = sub.add_parser("import", help="upsert the talent files of a directory")
+    imp.add_argument("directory", type=Path)
+    imp.add_argument("--project", help="project to activate the talents on")
+    imp.add_argument("--activate", action="store_true", help="activate them on --project")
+    _address_option(imp)
+    imp.set_defaults(func=cmd_import)
+
+    lst = sub.add_parser("list", help="list the catalogue or a project's talents")
+    lst.add_argument("--project", help="mark the talents active on this project")
+    lst.add_argument("--active-only", action="store_true", help="only the project's active set")
+    lst.add_argument("--json", action="store_true", help="print the ListTalentsResponse as JSON")
+    _address_option(lst)
+    lst.set_defaults(func=cmd_list)
+
+    act = sub.add_parser("activate", help="turn talents on (or --off) for a project")
+    act.add_argument("talent_ids", nargs="+", metavar="TALENT_ID")
+    act.add_argument("--project", required=True)
+    act.add_argument("--off", action="store_true", help="deactivate instead")
+    _address_option(act)
+    act.set_defaults(func=cmd_activate)
+
+    res = sub.add_parser("resolve", help="the talents an agent of a role receives for a task")
+    res.add_argument("--project", required=True)
+    res.add_argument("--role", default="", help="the agent's role (default: none)")
+    res.add_argument("--task", required=True)
+    res.add_argument("--relevance", choices=list(RELEVANCE_CHOICES), default="default")
+    res.add_argument("--budget", dest="budget_tokens", type=int)
+    res.add_argument("--floor", type=float)
+    res.add_argument("--beta", type=float)
+    res.add_argument("--margin", type=float)
+    out = res.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the TalentSelection as JSON")
+    out.add_argument("--compiled", action="store_true", help="print only the compiled block")
+    _address_option(res)
+    res.set_defaults(func=cmd_resolve)
+
+    doctor = commands.add_parser("doctor", help="diagnose a project's talents")
+    doctor.add_argument("--project", required=True)
+    doctor.add_argument(
+        "--role", action="append", help="a role the project's agents use (repeatable)"
+    )
+    doctor.add_argument("--json", action="store_true", help="print the findings as JSON")
+    _address_option(doctor)
+    doctor.set_defaults(func=cmd_doctor)

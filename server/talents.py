@@ -1,0 +1,459 @@
+"""Talent selection, the application layer: catalogue, activation, resolution, the doctor.
+
+`resolve_selection` is the pure composition every caller shares (the server and the
+calibration benchmark): relevance on (`talent_selection.select`) or off
+(`order_without_relevance`), then the closure over hard edges (`talent_graph.requires_closure`),
+then the rendered block and the token counts. `TalentService` does the I/O around it: it reads
+the project's active talents, builds `ScorableTalent`s (kept in memory by talent version), and
+fetches talent vectors from memory, then from `talent_embeddings`, embedding only what neither
+holds; so a ResolveTalents call embeds only its task.
+
+Decisions the spec leaves open:
+
+- Candidates are the active talents of the project whose roles are empty or contain the
+  request's role (an empty role receives only role-less talents).
+- The closure follows hard edges of the kept talents into any talent active on the project,
+  whatever its roles: a hard requirement is part of the talent that declares it. Added talents
+  follow the kept ones, in discovery order; each names the talent that pulled it in.
+  Required talents that are not active are reported as excluded `not_active`.
+- The closure applies with relevance off too (its candidates all count as kept).
+- A talent is served as its body, or its summary when the body is empty; its tokens are those
+  of what is served.
+- With relevance off, a non-empty task orders the talents by the same score as relevance on
+  (its embedding is computed); an empty task orders them by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from psycopg import AsyncConnection
+
+from satchel.server.config import TalentSettings
+from satchel.server.domain.talent_graph import Finding, FindingCode, TalentNode, diagnose
+from satchel.server.domain.talent_graph import requires_closure as close_over_requires
+from satchel.server.domain.talent_selection import (
+    Reason,
+    ScorableTalent,
+    ScoredTalent,
+    SelectionParams,
+    order_without_relevance,
+    select,
+    stems,
+)
+from satchel.server.runtime import Runtime
+from satchel.server.storage import talents as storage
+from satchel.server.storage.talents import TalentRecord, TalentRef
+
+# Calibrated (floor, beta, margin) per embedding model, matched as a substring of the model id
+# (lower case); see benchmarks/talents.md. Other models get the seed's values, which were tuned
+# for multilingual-e5.
+MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
+    "all-minilm-l6-v2": (0.18, 0.12, 0.30),
+}
+SEED_DEFAULTS: tuple[float, float, float] = (0.18, 0.12, 0.15)
+
+COMPILED_OPEN = "<satchel_talents>"
+COMPILED_CLOSE = "</satchel_talents>"
+OUT_OF_DOMAIN_TEXT = "No specific talent for this task."
+CACHE_ENTRIES = 20_000
+
+
+def model_defaults(model_id: str) -> tuple[float, float, float]:
+    """(floor, beta, margin) calibrated for an embedding model, else the seed's."""
+    lowered = model_id.lower()
+    for pattern, values in MODEL_DEFAULTS.items():
+        if pattern in lowered:
+            return values
+    return SEED_DEFAULTS
+
+
+def default_params(settings: TalentSettings, model_id: str) -> SelectionParams:
+    """The server's selection parameters: SATCHEL_TALENT_* when set, else the model's."""
+    floor, beta, margin = model_defaults(model_id)
+    return SelectionParams(
+        floor=floor if settings.floor is None else settings.floor,
+        beta=beta if settings.beta is None else settings.beta,
+        margin=margin if settings.margin is None else settings.margin,
+        budget_tokens=settings.budget_tokens,
+    )
+
+
+def scorable(record: TalentRecord) -> ScorableTalent:
+    """The talent as selection sees it; what is served is the body, else the summary."""
+    return ScorableTalent.build(
+        id=record.id,
+        name=record.name,
+        summary=record.summary,
+        body=record.body.strip() or record.summary.strip(),
+        tags=record.tags,
+        triggers=record.triggers,
+        task_types=record.task_types,
+    )
+
+
+def graph_node(talent: TalentRecord | TalentRef) -> TalentNode:
+    """The talent as the dependency graph sees it."""
+    return TalentNode(
+        id=talent.id,
+        requires=tuple(talent.requires),
+        includes=tuple(talent.includes),
+        recommends=tuple(talent.recommends),
+        roles=tuple(talent.roles),
+    )
+
+
+def text_digest(passage_prefix: str, text: str) -> str:
+    """Cache key of a talent vector: sha256 of the exact text embedded (prefix included)."""
+    return hashlib.sha256((passage_prefix + text).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ResolvedTalent:
+    """One decision of a resolution; `required_by` names the talent whose edge pulled it in."""
+
+    id: str
+    name: str
+    reason: str
+    score: float = 0.0
+    similarity: float = 0.0
+    stem_hits: int = 0
+    tokens: int = 0
+    required_by: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What ResolveTalents answers: selected talents in serving order, excluded ones, the block."""
+
+    selected: tuple[ResolvedTalent, ...]
+    excluded: tuple[ResolvedTalent, ...]
+    out_of_domain: bool
+    note: str
+    compiled: str
+    tokens_selected: int
+    tokens_candidates: int
+    relevance: bool
+    params: SelectionParams
+
+    @property
+    def selected_ids(self) -> list[str]:
+        return [talent.id for talent in self.selected]
+
+
+def render_compiled(talents: Sequence[ScorableTalent], out_of_domain: bool) -> str:
+    """The block an agent receives: each talent's body under a heading with its name.
+
+    Nothing selected: a note when the task is out of domain, else an empty string.
+    """
+    if talents:
+        sections = [f"## {talent.name}\n{talent.body.strip()}".rstrip() for talent in talents]
+        return "\n".join([COMPILED_OPEN, "\n\n".join(sections), COMPILED_CLOSE])
+    if out_of_domain:
+        return "\n".join([COMPILED_OPEN, OUT_OF_DOMAIN_TEXT, COMPILED_CLOSE])
+    return ""
+
+
+def _resolved(decision: ScoredTalent, name: str, reason: str | None = None) -> ResolvedTalent:
+    return ResolvedTalent(
+        id=decision.id,
+        name=name,
+        reason=str(reason or decision.reason),
+        score=decision.score,
+        similarity=decision.similarity,
+        stem_hits=decision.stem_hits,
+        tokens=decision.tokens,
+    )
+
+
+def _discoverers(order: Iterable[str], graph: Mapping[str, TalentNode]) -> dict[str, str]:
+    """For each hard-edge target, the first talent (in closure order) declaring it."""
+    parents: dict[str, str] = {}
+    for talent_id in order:
+        node = graph.get(talent_id)
+        for target in node.hard_edges if node else ():
+            parents.setdefault(target, talent_id)
+    return parents
+
+
+def resolve_selection(
+    candidates: Sequence[ScorableTalent],
+    talent_vectors: np.ndarray | None,
+    task_vector: np.ndarray | None,
+    task: str,
+    *,
+    relevance: bool,
+    params: SelectionParams,
+    graph: Mapping[str, TalentNode] | None = None,
+    servable: Mapping[str, ScorableTalent] | None = None,
+) -> Resolution:
+    """Select among candidates, close over hard edges, render. Pure.
+
+    `talent_vectors` row i belongs to `candidates[i]`; vectors may be None with relevance off
+    (order by stem hits only). `graph` holds the edges of the project's active talents and
+    `servable` every active talent (candidates are always servable); the closure adds only
+    servable talents.
+    """
+    graph = graph or {}
+    by_id = {talent.id: talent for talent in candidates}
+    servable = {**(servable or {}), **by_id}
+    task_stems = stems(task)
+    if relevance:
+        if talent_vectors is None or task_vector is None:
+            raise ValueError("relevance needs the talent and task vectors")
+        result = select(candidates, talent_vectors, task_vector, task_stems, params)
+    else:
+        result = order_without_relevance(
+            candidates, task_stems, talent_vectors, task_vector, beta=params.beta
+        )
+
+    kept_ids = result.kept_ids
+    closure = close_over_requires(kept_ids, graph, servable.keys())
+    parents = _discoverers([*kept_ids, *closure.added], graph)
+    scored = {decision.id: decision for decision in result.excluded}
+
+    selected = [_resolved(d, servable[d.id].name) for d in result.kept]
+    for talent_id in closure.added:
+        talent = servable[talent_id]
+        decision = scored.pop(talent_id, None)
+        base = (
+            _resolved(decision, talent.name, Reason.REQUIRES_CLOSURE)
+            if decision is not None
+            else ResolvedTalent(talent_id, talent.name, str(Reason.REQUIRES_CLOSURE))
+        )
+        selected.append(replace(base, tokens=talent.tokens, required_by=parents[talent_id]))
+    excluded = [_resolved(d, servable[d.id].name) for d in result.excluded if d.id in scored]
+    excluded += [
+        ResolvedTalent(talent_id, talent_id, str(Reason.NOT_ACTIVE), required_by=parents[talent_id])
+        for talent_id in closure.missing
+    ]
+
+    served = [servable[talent.id] for talent in selected]
+    return Resolution(
+        selected=tuple(selected),
+        excluded=tuple(excluded),
+        out_of_domain=result.out_of_domain,
+        note=result.note,
+        compiled=render_compiled(served, result.out_of_domain),
+        tokens_selected=sum(talent.tokens for talent in served),
+        tokens_candidates=sum(talent.tokens for talent in candidates),
+        relevance=relevance,
+        params=params,
+    )
+
+
+def is_candidate(roles: Sequence[str], role: str) -> bool:
+    """A talent may go to an agent of `role` when its roles are empty or contain it."""
+    return not roles or role in roles
+
+
+class _Lru(OrderedDict):
+    """A small least-recently-used map."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def lookup(self, key: object) -> object | None:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def put(self, key: object, value: object) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A talent version ready for selection: its ScorableTalent and vector cache key."""
+
+    talent: ScorableTalent
+    digest: str
+
+
+class TalentService:
+    """The catalogue, activations, ResolveTalents and the doctor over one Runtime.
+
+    Keeps two in-memory caches for the life of the process: prepared talents by
+    (id, updated_at) and talent vectors by content digest.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.model_id = runtime.embedder.model_id
+        self.defaults = default_params(runtime.settings.talents, self.model_id)
+        self.configured_roles = tuple(
+            role.strip() for role in runtime.settings.talents.roles.split(",") if role.strip()
+        )
+        self._prepared: _Lru = _Lru(CACHE_ENTRIES)
+        self._vectors: _Lru = _Lru(CACHE_ENTRIES)
+        self._roles_seen: set[tuple[str, str]] = set()
+
+    # --- catalogue ------------------------------------------------------------------------
+
+    async def upsert(self, record: TalentRecord) -> tuple[TalentRecord, bool]:
+        """Create or replace a talent; its vector is computed now (once per content)."""
+        prepared = self._prepare(record)
+        async with self.runtime.pool.connection() as conn:
+            await self._vectors_for(conn, [prepared])
+            return await storage.upsert_talent(conn, record)
+
+    async def list_talents(
+        self, project_id: str = "", active_only: bool = False
+    ) -> tuple[list[TalentRecord], list[str]]:
+        """The catalogue (or a project's active set) and the ids active on the project."""
+        async with self.runtime.pool.connection() as conn:
+            talents = await storage.list_talents(conn, project_id or None, active_only)
+            active = await storage.active_talent_ids(conn, project_id) if project_id else []
+        return talents, active
+
+    async def set_activation(self, project_id: str, talent_id: str, active: bool) -> bool:
+        """Turn a talent on or off for a project; False when the talent is unknown."""
+        async with self.runtime.pool.connection() as conn:
+            return await storage.set_activation(conn, project_id, talent_id, active)
+
+    # --- resolution -----------------------------------------------------------------------
+
+    def params(
+        self,
+        *,
+        floor: float | None = None,
+        beta: float | None = None,
+        margin: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> SelectionParams:
+        """The server's defaults with the request's overrides."""
+        d = self.defaults
+        return SelectionParams(
+            floor=d.floor if floor is None else floor,
+            beta=d.beta if beta is None else beta,
+            margin=d.margin if margin is None else margin,
+            budget_tokens=d.budget_tokens if budget_tokens is None else budget_tokens,
+        )
+
+    def default_relevance(self) -> bool:
+        """True when the server's default mode is `embeddings`."""
+        return self.runtime.settings.talents.relevance == "embeddings"
+
+    async def resolve(
+        self, project_id: str, role: str, task: str, *, relevance: bool, params: SelectionParams
+    ) -> Resolution:
+        """Select the talents an agent of `role` receives on `project_id` for `task`."""
+        # The task is embedded while the database is read.
+        task_embedding = (
+            asyncio.ensure_future(self.runtime.embed_query(task)) if task.strip() else None
+        )
+        try:
+            async with self.runtime.pool.connection() as conn:
+                refs = await storage.talent_refs(conn, project_id)
+                prepared = await self._prepared_talents(conn, refs)
+                candidates = [
+                    prepared[ref.id]
+                    for ref in refs
+                    if ref.id in prepared and is_candidate(ref.roles, role)
+                ]
+                candidates.sort(key=lambda p: p.talent.id)
+                vectors = await self._vectors_for(conn, candidates) if task_embedding else None
+                if role and (project_id, role) not in self._roles_seen:
+                    await storage.record_role(conn, project_id, role)
+                    self._roles_seen.add((project_id, role))
+            task_vector = await task_embedding if task_embedding else None
+        finally:
+            if task_embedding is not None and not task_embedding.done():
+                task_embedding.cancel()
+        return resolve_selection(
+            [p.talent for p in candidates],
+            vectors,
+            task_vector,
+            task,
+            relevance=relevance,
+            params=params,
+            graph={ref.id: graph_node(ref) for ref in refs},
+            servable={talent_id: p.talent for talent_id, p in prepared.items()},
+        )
+
+    def _prepare(self, record: TalentRecord) -> _Prepared:
+        talent = scorable(record)
+        return _Prepared(talent, text_digest(self.runtime.embedder.passage_prefix, talent.text))
+
+    async def _prepared_talents(
+        self, conn: AsyncConnection, refs: Sequence[TalentRef]
+    ) -> dict[str, _Prepared]:
+        """Prepared talents by id for these versions, reading only the ones not in memory."""
+        found: dict[str, _Prepared] = {}
+        missing: list[str] = []
+        for ref in refs:
+            hit = self._prepared.lookup((ref.id, ref.updated_at))
+            if hit is None:
+                missing.append(ref.id)
+            else:
+                found[ref.id] = hit  # type: ignore[assignment]
+        if missing:
+            for record in await storage.fetch_talents(conn, missing):
+                prepared = self._prepare(record)
+                self._prepared.put((record.id, record.updated_at), prepared)
+                found[record.id] = prepared
+        # A talent updated between the two reads is served in its newer version.
+        return found
+
+    async def _vectors_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> np.ndarray:
+        """Vectors of these talents (row i = talents[i]): memory, then database, then model."""
+        digests = [p.digest for p in talents]
+        known: dict[str, np.ndarray] = {}
+        for digest in digests:
+            vector = self._vectors.lookup(digest)
+            if vector is not None:
+                known[digest] = vector  # type: ignore[assignment]
+        wanted = set(digests) - known.keys()
+        if wanted:
+            stored = await storage.cached_vectors(conn, sorted(wanted), self.model_id)
+            texts = {
+                p.digest: p.talent.text
+                for p in talents
+                if p.digest in wanted and p.digest not in stored
+            }
+            if texts:
+                fresh = await self.runtime.embed_passages(list(texts.values()))
+                computed = dict(zip(texts, fresh, strict=True))
+                await storage.store_vectors(conn, computed, self.model_id)
+                stored.update(computed)
+            for digest, vector in stored.items():
+                self._vectors.put(digest, vector)
+            known.update(stored)
+        if not digests:
+            return np.zeros((0, self.runtime.embedder.dimension), dtype=np.float32)
+        return np.stack([known[digest] for digest in digests])
+
+    # --- the doctor -----------------------------------------------------------------------
+
+    async def diagnose(
+        self, project_id: str, roles: Sequence[str] = ()
+    ) -> tuple[list[Finding], list[str]]:
+        """Findings about a project's active talents, and the roles the role check used.
+
+        Roles known = the request's roles + SATCHEL_TALENT_ROLES + roles that called
+        ResolveTalents on the project; none known skips the role check. Findings are kept
+        when they concern a talent active on the project (a cycle: when it passes through one).
+        """
+        async with self.runtime.pool.connection() as conn:
+            refs = await storage.talent_refs(conn)
+            active = set(await storage.active_talent_ids(conn, project_id))
+            seen = await storage.project_roles(conn, project_id)
+        known = sorted({*roles, *self.configured_roles, *seen})
+        findings = diagnose([graph_node(ref) for ref in refs], active, known or None)
+        return [f for f in findings if _concerns(f, active)], known
+
+
+def _concerns(finding: Finding, active: set[str]) -> bool:
+    if finding.code == FindingCode.REQUIRES_CYCLE:
+        return any(part in active for part in finding.detail.split(" -> "))
+    return finding.talent_id in active
