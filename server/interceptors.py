@@ -13,6 +13,7 @@ import structlog
 from grpc_status import rpc_status
 from psycopg_pool import PoolTimeout
 
+from satchel.server.api.decoding import UndecodableRequest, tolerant_deserializer
 from satchel.server.errors import InvalidArgument, ServiceError, Unavailable, Unimplemented
 
 log = structlog.get_logger("satchel.rpc")
@@ -55,30 +56,37 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method: str = details.method
         gated = method.startswith(GATED_PREFIX)
+        # A request that does not parse (e.g. a string that is not UTF-8) is INVALID_ARGUMENT
+        # with field violations, not grpcio's INTERNAL "Exception deserializing request!".
+        deserializer = handler.request_deserializer
+        if deserializer is not None:
+            deserializer = tolerant_deserializer(deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, gated, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(method, gated, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
-    def _check_ready(self, gated: bool) -> None:
+    def _check_ready(self, gated: bool, request: Any) -> None:
         if gated and not self._is_ready():
             raise Unavailable("satchel is starting or stopping", reason="NOT_READY")
+        if isinstance(request, UndecodableRequest):
+            raise request.error()
 
     def _wrap_unary(self, method: str, gated: bool, inner: Callable[..., Any]) -> Callable:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
             structlog.contextvars.clear_contextvars()
             try:
-                self._check_ready(gated)
+                self._check_ready(gated, request)
                 return await inner(request, context)
             except BaseException as exc:
                 await self._fail(context, exc)
@@ -92,7 +100,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             structlog.contextvars.clear_contextvars()
             try:
-                self._check_ready(gated)
+                self._check_ready(gated, request)
                 async for message in inner(request, context):
                     yield message
             except BaseException as exc:

@@ -1,0 +1,448 @@
+"""The memory write path's application service: embedding, transactions, reference checks.
+
+The servicer hands over validated requests (`NewEvent`, `NewFact`, ids); this module embeds
+texts off the event loop in batches of EMBED_BATCH, runs one transaction per request through
+`satchel.server.storage.memory`, and raises NOT_FOUND / INVALID_ARGUMENT / FAILED_PRECONDITION
+with the field path of every bad reference. A failed request writes nothing.
+
+Idempotency: a request whose `(project_id, idempotency_key)` is already stored returns the
+stored row (`created = False`) and writes nothing, whatever else it holds. Keys are looked up
+before embedding (a retry costs no model time); concurrent writers of one key are serialised by
+the unique index (`INSERT ... ON CONFLICT DO NOTHING`, then the winner's row is read back).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, TypeVar
+
+import numpy as np
+from psycopg import AsyncConnection
+
+from satchel.server.errors import FailedPrecondition, InvalidArgument, NotFound
+from satchel.server.runtime import Runtime
+from satchel.server.storage import memory as store
+from satchel.server.storage.memory import (
+    ConflictRow,
+    EventRow,
+    FactRow,
+    NewEvent,
+    NewFact,
+)
+
+EMBED_BATCH = 32
+"""Texts per embedding call (measured best on 2 cores; see TOOLING.md)."""
+
+RowT = TypeVar("RowT", EventRow, FactRow)
+
+
+@dataclass(frozen=True)
+class Written(Generic[RowT]):
+    """A stored row and whether this request created it (False: idempotent replay)."""
+
+    row: RowT
+    created: bool
+
+
+@dataclass
+class _Problems:
+    """Reference problems of a request, raised by kind: invalid, then missing, then state."""
+
+    invalid: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    state: list[tuple[str, str]] = field(default_factory=list)
+
+    def raise_if_any(self) -> None:
+        if self.invalid:
+            raise InvalidArgument(self.invalid, reason="CROSS_SCOPE_REFERENCE")
+        if self.missing:
+            raise NotFound(
+                "; ".join(f"{f}: {why}" for f, why in self.missing),
+                reason="NOT_FOUND",
+                violations=self.missing,
+            )
+        if self.state:
+            raise FailedPrecondition(
+                "; ".join(f"{f}: {why}" for f, why in self.state),
+                reason="FAILED_PRECONDITION",
+                violations=self.state,
+            )
+
+
+async def embed_texts(runtime: Runtime, texts: Sequence[str]) -> np.ndarray:
+    """Embed passages in batches of EMBED_BATCH (each batch off the event loop)."""
+    if not texts:
+        return np.zeros((0, runtime.embedder.dimension), dtype=np.float32)
+    parts = [
+        await runtime.embed_passages(texts[start : start + EMBED_BATCH])
+        for start in range(0, len(texts), EMBED_BATCH)
+    ]
+    return np.vstack(parts)
+
+
+def _plan(
+    keys: Sequence[tuple[str, str] | None], existing: dict[tuple[str, str], object]
+) -> tuple[list[int], dict[int, int]]:
+    """Which items to insert, and which repeat a key of an earlier item of the same request.
+
+    Returns (indexes to insert, {repeating index: index of the first item with that key}).
+    Items whose key is already stored are in neither.
+    """
+    to_insert: list[int] = []
+    repeats: dict[int, int] = {}
+    first: dict[tuple[str, str], int] = {}
+    for index, key in enumerate(keys):
+        if key is not None and key in existing:
+            continue
+        if key is not None and key in first:
+            repeats[index] = first[key]
+            continue
+        if key is not None:
+            first[key] = index
+        to_insert.append(index)
+    # Keyed rows are inserted in key order: two batches sharing keys then wait on each other in
+    # the same order instead of deadlocking.
+    to_insert.sort(key=lambda i: (keys[i] is not None, keys[i] or ("", "")))
+    return to_insert, repeats
+
+
+def _event_key(event: NewEvent) -> tuple[str, str] | None:
+    return (event.project_id, event.idempotency_key) if event.idempotency_key else None
+
+
+def _fact_key(fact: NewFact) -> tuple[str, str] | None:
+    return (fact.project_id, fact.idempotency_key) if fact.idempotency_key else None
+
+
+async def record_events(runtime: Runtime, events: Sequence[NewEvent]) -> list[Written[EventRow]]:
+    """Store events (one transaction), in request order, honouring idempotency keys."""
+    keys = [_event_key(e) for e in events]
+    wanted = sorted({k for k in keys if k is not None})
+    async with runtime.pool.connection() as conn:
+        existing = await store.find_events_by_keys(conn, wanted)
+    to_insert, repeats = _plan(keys, existing)
+    vectors = await embed_texts(runtime, [events[i].text for i in to_insert])
+    results: dict[int, Written[EventRow]] = {}
+    async with runtime.pool.connection() as conn, conn.transaction():
+        rows = await store.insert_events(
+            conn, [events[i] for i in to_insert], vectors, runtime.embedder.model_id
+        )
+        lost = [keys[i] for i, row in zip(to_insert, rows, strict=True) if row is None]
+        if lost:  # a concurrent writer stored these keys first
+            existing.update(await store.find_events_by_keys(conn, [k for k in lost if k]))
+        for index, row in zip(to_insert, rows, strict=True):
+            if row is not None:
+                results[index] = Written(row, True)
+    return _assemble(keys, existing, results, repeats)
+
+
+def _assemble(
+    keys: Sequence[tuple[str, str] | None],
+    existing: dict[tuple[str, str], RowT],
+    results: dict[int, Written[RowT]],
+    repeats: dict[int, int],
+) -> list[Written[RowT]]:
+    out: list[Written[RowT]] = []
+    for index, key in enumerate(keys):
+        if index in results:
+            out.append(results[index])
+        elif index in repeats:
+            out.append(Written(out[repeats[index]].row, False))
+        else:
+            assert key is not None
+            out.append(Written(existing[key], False))
+    return out
+
+
+async def assert_facts(
+    runtime: Runtime, facts: Sequence[NewFact], paths: Sequence[str]
+) -> list[Written[FactRow]]:
+    """Store active facts (one transaction), in request order, honouring idempotency keys.
+
+    `paths[i]` prefixes the field paths of item i's errors ("" or "requests[3].").
+    Source events must exist in the fact's scope; superseded facts must be active facts of
+    the same scope, and become superseded by the new fact in the same transaction.
+    """
+    keys = [_fact_key(f) for f in facts]
+    wanted = sorted({k for k in keys if k is not None})
+    async with runtime.pool.connection() as conn:
+        existing = await store.find_facts_by_keys(conn, wanted)
+    to_insert, repeats = _plan(keys, existing)
+    vectors = await embed_texts(runtime, [facts[i].statement for i in to_insert])
+    results: dict[int, Written[FactRow]] = {}
+    async with runtime.pool.connection() as conn, conn.transaction():
+        # Insert first: a concurrent writer of the same key waits here until the first commits,
+        # then gets the first fact back instead of failing on what the first one changed.
+        rows = await store.insert_facts(
+            conn, [facts[i] for i in to_insert], vectors, runtime.embedder.model_id
+        )
+        lost = [keys[i] for i, row in zip(to_insert, rows, strict=True) if row is None]
+        if lost:
+            existing.update(await store.find_facts_by_keys(conn, [k for k in lost if k]))
+        created = [(i, row) for i, row in zip(to_insert, rows, strict=True) if row is not None]
+        pairs = await _check_fact_references(conn, facts, paths, created)
+        await store.supersede_facts(conn, pairs)
+        for index, row in created:
+            results[index] = Written(row, True)
+    return _assemble(keys, existing, results, repeats)
+
+
+def _other_subject(kind: str, ref: uuid.UUID, subject: str, expected: str) -> str:
+    return f"{kind} {ref} belongs to subject {subject!r}, not {expected!r}: another scope"
+
+
+async def _check_fact_references(
+    conn: AsyncConnection,
+    facts: Sequence[NewFact],
+    paths: Sequence[str],
+    created: Sequence[tuple[int, FactRow]],
+) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Check the source events and superseded facts of the created facts; return the
+    (superseded, successor) pairs to apply."""
+    event_ids = {e for i, _ in created for e in facts[i].source_event_ids}
+    old_ids = {f for i, _ in created for f in facts[i].supersedes_fact_ids}
+    scopes = await store.event_scopes(conn, sorted(event_ids))
+    states = await store.lock_facts(conn, sorted(old_ids))
+    problems = _Problems()
+    claimed: dict[uuid.UUID, str] = {}
+    pairs: list[tuple[uuid.UUID, uuid.UUID]] = []
+    for index, row in created:
+        fact, prefix = facts[index], paths[index]
+        for j, event_id in enumerate(fact.source_event_ids):
+            path = f"{prefix}source_event_ids[{j}]"
+            scope = scopes.get(event_id)
+            if scope is None or scope[0] != fact.project_id:
+                problems.missing.append((path, f"event {event_id} does not exist"))
+            elif scope[1] != fact.subject_id:
+                problems.invalid.append(
+                    (
+                        path,
+                        _other_subject("event", event_id, scope[1], fact.subject_id),
+                    )
+                )
+        for j, old_id in enumerate(fact.supersedes_fact_ids):
+            path = f"{prefix}supersedes_fact_ids[{j}]"
+            state = states.get(old_id)
+            if state is None or state.project_id != fact.project_id:
+                problems.missing.append((path, f"fact {old_id} does not exist"))
+            elif state.subject_id != fact.subject_id:
+                problems.invalid.append(
+                    (
+                        path,
+                        _other_subject("fact", old_id, state.subject_id, fact.subject_id),
+                    )
+                )
+            elif state.status != "active":
+                problems.state.append((path, f"fact {old_id} is {state.status}, not active"))
+            elif old_id in claimed:
+                problems.state.append(
+                    (path, f"fact {old_id} is already superseded by {claimed[old_id]}")
+                )
+            else:
+                claimed[old_id] = prefix.rstrip(".") or "this request"
+                pairs.append((old_id, row.id))
+    problems.raise_if_any()
+    return pairs
+
+
+async def retire_fact(
+    runtime: Runtime, project_id: str, fact_id: uuid.UUID, reason: str
+) -> FactRow:
+    """Retire an active fact: it leaves the record now and is kept for history."""
+    async with runtime.pool.connection() as conn, conn.transaction():
+        row = await store.retire_fact(conn, project_id, fact_id, reason)
+        if row is not None:
+            return row
+        current = await store.get_fact(conn, project_id, fact_id)
+    if current is None:
+        raise NotFound(
+            f"fact {fact_id} does not exist",
+            reason="FACT_NOT_FOUND",
+            violations=[("fact_id", f"fact {fact_id} does not exist")],
+        )
+    raise FailedPrecondition(
+        f"fact {fact_id} is {current.status}: only active facts can be retired",
+        reason="FACT_NOT_ACTIVE",
+        violations=[("fact_id", f"fact {fact_id} is {current.status}, not active")],
+    )
+
+
+async def supersede_fact(
+    runtime: Runtime, project_id: str, fact_id: uuid.UUID, successor_id: uuid.UUID
+) -> FactRow:
+    """Mark an active fact superseded by another active fact of the same scope."""
+    async with runtime.pool.connection() as conn, conn.transaction():
+        states = await store.lock_facts(conn, [fact_id, successor_id])
+        problems = _Problems()
+        old, new = states.get(fact_id), states.get(successor_id)
+        for name, fid, state in (
+            ("fact_id", fact_id, old),
+            ("superseded_by_fact_id", successor_id, new),
+        ):
+            if state is None or state.project_id != project_id:
+                problems.missing.append((name, f"fact {fid} does not exist"))
+            elif state.status != "active":
+                problems.state.append((name, f"fact {fid} is {state.status}, not active"))
+        if (
+            old
+            and new
+            and old.project_id == new.project_id == project_id
+            and old.subject_id != new.subject_id
+        ):
+            problems.invalid.append(
+                (
+                    "superseded_by_fact_id",
+                    f"fact {successor_id} belongs to subject {new.subject_id!r},"
+                    f" fact {fact_id} to {old.subject_id!r}",
+                )
+            )
+        problems.raise_if_any()
+        (row,) = await store.supersede_facts(conn, [(fact_id, successor_id)])
+        return row
+
+
+async def open_conflict(
+    runtime: Runtime,
+    *,
+    project_id: str,
+    subject_id: str,
+    fact_ids: Sequence[uuid.UUID],
+    note: str,
+) -> ConflictRow:
+    """Open a conflict set over two or more active facts of one scope (none in another open
+    conflict): they are blocked from context until it is resolved."""
+    async with runtime.pool.connection() as conn, conn.transaction():
+        states = await store.lock_facts(conn, fact_ids)
+        problems = _Problems()
+        for j, fid in enumerate(fact_ids):
+            path, state = f"fact_ids[{j}]", states.get(fid)
+            if state is None or state.project_id != project_id:
+                problems.missing.append((path, f"fact {fid} does not exist"))
+            elif state.subject_id != subject_id:
+                problems.invalid.append(
+                    (path, f"fact {fid} belongs to subject {state.subject_id!r}")
+                )
+            elif state.status != "active":
+                problems.state.append((path, f"fact {fid} is {state.status}, not active"))
+        problems.raise_if_any()
+        already = await store.open_conflicts_of(conn, fact_ids)
+        for j, fid in enumerate(fact_ids):
+            if fid in already:
+                problems.state.append(
+                    (f"fact_ids[{j}]", f"fact {fid} is in open conflict {already[fid]}")
+                )
+        problems.raise_if_any()
+        return await store.insert_conflict(
+            conn, project_id=project_id, subject_id=subject_id, note=note, fact_ids=fact_ids
+        )
+
+
+async def resolve_conflict(
+    runtime: Runtime, project_id: str, conflict_id: uuid.UUID, winning_fact_id: uuid.UUID
+) -> ConflictRow:
+    """Close an open conflict: the winner stays active, the other active members become
+    superseded by it (same rule as SupersedeFact)."""
+    async with runtime.pool.connection() as conn, conn.transaction():
+        conflict = await store.get_conflict(conn, project_id, conflict_id, lock=True)
+        if conflict is None:
+            raise NotFound(
+                f"conflict {conflict_id} does not exist",
+                reason="CONFLICT_NOT_FOUND",
+                violations=[("conflict_id", f"conflict {conflict_id} does not exist")],
+            )
+        if conflict.status != "open":
+            raise FailedPrecondition(
+                f"conflict {conflict_id} is already {conflict.status}",
+                reason="CONFLICT_NOT_OPEN",
+                violations=[("conflict_id", f"conflict {conflict_id} is {conflict.status}")],
+            )
+        if winning_fact_id not in conflict.fact_ids:
+            raise InvalidArgument(
+                [("winning_fact_id", f"fact {winning_fact_id} is not a member of the conflict")],
+                reason="NOT_A_CONFLICT_MEMBER",
+            )
+        states = await store.lock_facts(conn, conflict.fact_ids)
+        winner = states[winning_fact_id]
+        if winner.status != "active":
+            raise FailedPrecondition(
+                f"fact {winning_fact_id} is {winner.status}: the winner must be active",
+                reason="FACT_NOT_ACTIVE",
+                violations=[("winning_fact_id", f"fact {winning_fact_id} is {winner.status}")],
+            )
+        losers = [
+            fid
+            for fid in conflict.fact_ids
+            if fid != winning_fact_id and states[fid].status == "active"
+        ]
+        await store.supersede_facts(
+            conn,
+            [(fid, winning_fact_id) for fid in losers],
+            reason=f"conflict {conflict_id} resolved in favour of fact {winning_fact_id}",
+        )
+        return await store.resolve_conflict(conn, conflict_id, winning_fact_id)
+
+
+async def list_facts(
+    runtime: Runtime,
+    *,
+    project_id: str,
+    subject_id: str,
+    at: datetime | None,
+    include_inactive: bool,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> tuple[list[FactRow], datetime]:
+    """A page of facts (see `storage.memory.list_facts`) and the instant it was read at
+    (`at`, or the database's now when None)."""
+    async with runtime.pool.connection() as conn:
+        instant = at or await store.database_now(conn)
+        rows = await store.list_facts(
+            conn,
+            project_id=project_id,
+            subject_id=subject_id,
+            at=instant,
+            include_inactive=include_inactive,
+            after=after,
+            limit=limit,
+        )
+    return rows, instant
+
+
+async def list_events(
+    runtime: Runtime,
+    *,
+    project_id: str,
+    subject_id: str,
+    recorded_by: datetime | None,
+    before: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> tuple[list[EventRow], datetime]:
+    """A page of events, newest first, and the instant the listing is pinned to."""
+    async with runtime.pool.connection() as conn:
+        instant = recorded_by or await store.database_now(conn)
+        rows = await store.list_events(
+            conn,
+            project_id=project_id,
+            subject_id=subject_id,
+            recorded_by=instant,
+            before=before,
+            limit=limit,
+        )
+    return rows, instant
+
+
+async def list_conflicts(
+    runtime: Runtime, *, project_id: str, subject_id: str, include_resolved: bool, limit: int
+) -> list[ConflictRow]:
+    """Conflicts of a scope, newest first."""
+    async with runtime.pool.connection() as conn:
+        return await store.list_conflicts(
+            conn,
+            project_id=project_id,
+            subject_id=subject_id,
+            include_resolved=include_resolved,
+            limit=limit,
+        )

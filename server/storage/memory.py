@@ -1,0 +1,539 @@
+"""SQL of the memory write path: events, facts, their lifecycle and conflict sets.
+
+Every function takes an open `AsyncConnection`; the caller owns the transaction (one per
+request, so a failed request writes nothing). Statements select only the columns the API
+returns: never the 384-dim embeddings.
+
+Time is PostgreSQL's `now()`, the start of the transaction: every row a request writes shares
+one instant (`recorded_from`, `recorded_at`, `superseded_at`, `recorded_to`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from psycopg import AsyncConnection
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """An event as the API returns it."""
+
+    id: uuid.UUID
+    project_id: str
+    subject_id: str
+    kind: str
+    payload: dict[str, Any]
+    text: str
+    occurred_at: datetime
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class FactRow:
+    """A fact as the API returns it (its current state)."""
+
+    id: uuid.UUID
+    project_id: str
+    subject_id: str
+    predicate: str
+    value: Any
+    statement: str
+    confidence: float
+    status: str
+    status_reason: str | None
+    superseded_by: uuid.UUID | None
+    valid_from: datetime | None
+    valid_to: datetime | None
+    recorded_from: datetime
+    recorded_to: datetime | None
+    source_event_ids: list[uuid.UUID]
+    stale_after: timedelta | None
+
+
+@dataclass(frozen=True)
+class FactState:
+    """What reference checks need to know about a fact (scope and lifecycle)."""
+
+    id: uuid.UUID
+    project_id: str
+    subject_id: str
+    status: str
+
+
+@dataclass(frozen=True)
+class ConflictRow:
+    """A conflict set with its member facts (sorted by id)."""
+
+    id: uuid.UUID
+    project_id: str
+    subject_id: str
+    status: str
+    note: str
+    opened_at: datetime
+    resolved_at: datetime | None
+    winning_fact_id: uuid.UUID | None
+    fact_ids: list[uuid.UUID]
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """A validated event to store; `occurred_at` None means the time of the request."""
+
+    project_id: str
+    subject_id: str
+    kind: str
+    payload: dict[str, Any]
+    text: str
+    occurred_at: datetime | None
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
+class NewFact:
+    """A validated fact to store; `statement` is final (derived when the caller gave none)."""
+
+    project_id: str
+    subject_id: str
+    predicate: str
+    value: Any
+    statement: str
+    confidence: float
+    valid_from: datetime | None
+    valid_to: datetime | None
+    source_event_ids: tuple[uuid.UUID, ...]
+    stale_after: timedelta | None
+    idempotency_key: str | None
+    supersedes_fact_ids: tuple[uuid.UUID, ...]
+
+
+EVENT_COLUMNS = "id, project_id, subject_id, kind, payload, text, occurred_at, recorded_at"
+FACT_COLUMNS = (
+    "id, project_id, subject_id, predicate, value, statement, confidence, status,"
+    " status_reason, superseded_by, valid_from, valid_to, recorded_from, recorded_to,"
+    " source_event_ids, stale_after"
+)
+
+# --- as-of visibility --------------------------------------------------------------------------
+
+FACT_VISIBLE_AT = """
+    f.recorded_from <= %(at)s AND (f.recorded_to IS NULL OR f.recorded_to > %(at)s)
+    AND (f.valid_from IS NULL OR f.valid_from <= %(at)s)
+    AND coalesce(
+        CASE WHEN f.superseded_at > %(at)s THEN f.prior_valid_to ELSE f.valid_to END,
+        'infinity'
+    ) > %(at)s
+"""
+"""A fact `f` valid at %(at)s as recorded then (reusable by other read paths).
+
+Transaction time: recorded by then and not retired by then (retiring sets `recorded_to`).
+Valid time: `valid_from <= at < valid_to`, where `valid_to` is the one the record held at
+`at`: a supersession closes `valid_to` at `superseded_at` and keeps the earlier value in
+`prior_valid_to`, so an instant before the supersession sees the validity as first asserted.
+"""
+
+
+async def database_now(conn: AsyncConnection) -> datetime:
+    """The database's transaction time (`now()`)."""
+    cur = await conn.execute("SELECT now()")
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+# --- events ----------------------------------------------------------------------------------
+
+_INSERT_EVENT = f"""
+INSERT INTO events (project_id, subject_id, kind, payload, text, occurred_at, idempotency_key,
+                    embedding, embedding_model)
+VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()), %s, %s, %s)
+ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {EVENT_COLUMNS}
+"""
+
+_EVENTS_BY_KEYS = f"""
+SELECT e.idempotency_key AS key, {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))}
+FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
+JOIN events e ON e.project_id = k.project_id AND e.idempotency_key = k.idempotency_key
+"""
+
+
+async def find_events_by_keys(
+    conn: AsyncConnection, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], EventRow]:
+    """The stored events of these (project_id, idempotency_key) pairs."""
+    if not keys:
+        return {}
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_EVENTS_BY_KEYS, ([p for p, _ in keys], [k for _, k in keys]))
+    found: dict[tuple[str, str], EventRow] = {}
+    for row in await cur.fetchall():
+        key = row.pop("key")
+        found[(row["project_id"], key)] = EventRow(**row)
+    return found
+
+
+async def insert_events(
+    conn: AsyncConnection, events: Sequence[NewEvent], embeddings: np.ndarray, model_id: str
+) -> list[EventRow | None]:
+    """Insert events in order; None where the idempotency key already has a row."""
+    if not events:
+        return []
+    params = [
+        (
+            e.project_id,
+            e.subject_id,
+            e.kind,
+            Jsonb(e.payload),
+            e.text,
+            e.occurred_at,
+            e.idempotency_key,
+            vector,
+            model_id,
+        )
+        for e, vector in zip(events, embeddings, strict=True)
+    ]
+    async with conn.cursor(row_factory=class_row(EventRow)) as cur:
+        await cur.executemany(_INSERT_EVENT, params, returning=True)
+        return await _returned_rows(cur, len(params))
+
+
+async def event_scopes(
+    conn: AsyncConnection, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[str, str]]:
+    """The (project_id, subject_id) of each existing event among `ids`."""
+    if not ids:
+        return {}
+    cur = await conn.execute(
+        "SELECT id, project_id, subject_id FROM events WHERE id = ANY(%s)", (list(ids),)
+    )
+    return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+
+
+async def list_events(
+    conn: AsyncConnection,
+    *,
+    project_id: str,
+    subject_id: str,
+    recorded_by: datetime,
+    before: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[EventRow]:
+    """Events of a scope recorded by `recorded_by`, newest `occurred_at` first, keyset-paged
+    strictly after `before` = (occurred_at, id) of the previous page's last row."""
+    where = "project_id = %(project_id)s AND subject_id = %(subject_id)s AND recorded_at <= %(at)s"
+    if before is not None:
+        where += " AND (occurred_at, id) < (%(after_at)s, %(after_id)s)"
+    sql = (
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE {where}"
+        " ORDER BY occurred_at DESC, id DESC LIMIT %(limit)s"
+    )
+    params = {
+        "project_id": project_id,
+        "subject_id": subject_id,
+        "at": recorded_by,
+        "after_at": before[0] if before else None,
+        "after_id": before[1] if before else None,
+        "limit": limit,
+    }
+    cur = conn.cursor(row_factory=class_row(EventRow))
+    await cur.execute(sql, params)
+    return await cur.fetchall()
+
+
+# --- facts -----------------------------------------------------------------------------------
+
+_INSERT_FACT = f"""
+INSERT INTO facts (project_id, subject_id, predicate, value, statement, confidence, valid_from,
+                   valid_to, source_event_ids, stale_after, idempotency_key, embedding,
+                   embedding_model)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s)
+ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING {FACT_COLUMNS}
+"""
+
+_FACTS_BY_KEYS = f"""
+SELECT f.idempotency_key AS key, {", ".join("f." + c.strip() for c in FACT_COLUMNS.split(","))}
+FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
+JOIN facts f ON f.project_id = k.project_id AND f.idempotency_key = k.idempotency_key
+"""
+
+
+async def find_facts_by_keys(
+    conn: AsyncConnection, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], FactRow]:
+    """The stored facts of these (project_id, idempotency_key) pairs."""
+    if not keys:
+        return {}
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_FACTS_BY_KEYS, ([p for p, _ in keys], [k for _, k in keys]))
+    found: dict[tuple[str, str], FactRow] = {}
+    for row in await cur.fetchall():
+        key = row.pop("key")
+        found[(row["project_id"], key)] = FactRow(**row)
+    return found
+
+
+async def insert_facts(
+    conn: AsyncConnection, facts: Sequence[NewFact], embeddings: np.ndarray, model_id: str
+) -> list[FactRow | None]:
+    """Insert active facts in order; None where the idempotency key already has a row."""
+    if not facts:
+        return []
+    params = [
+        (
+            f.project_id,
+            f.subject_id,
+            f.predicate,
+            Jsonb(f.value),
+            f.statement,
+            f.confidence,
+            f.valid_from,
+            f.valid_to,
+            list(f.source_event_ids),
+            f.stale_after,
+            f.idempotency_key,
+            vector,
+            model_id,
+        )
+        for f, vector in zip(facts, embeddings, strict=True)
+    ]
+    async with conn.cursor(row_factory=class_row(FactRow)) as cur:
+        await cur.executemany(_INSERT_FACT, params, returning=True)
+        return await _returned_rows(cur, len(params))
+
+
+async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -> FactRow | None:
+    """One fact of a project (None when unknown there)."""
+    cur = conn.cursor(row_factory=class_row(FactRow))
+    await cur.execute(
+        f"SELECT {FACT_COLUMNS} FROM facts WHERE id = %s AND project_id = %s",
+        (fact_id, project_id),
+    )
+    return await cur.fetchone()
+
+
+async def lock_facts(conn: AsyncConnection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, FactState]:
+    """Lock existing facts among `ids` for the transaction (in id order: no deadlocks)."""
+    if not ids:
+        return {}
+    cur = conn.cursor(row_factory=class_row(FactState))
+    await cur.execute(
+        "SELECT id, project_id, subject_id, status FROM facts WHERE id = ANY(%s)"
+        " ORDER BY id FOR UPDATE",
+        (sorted(set(ids)),),
+    )
+    return {row.id: row for row in await cur.fetchall()}
+
+
+_SUPERSEDE = f"""
+UPDATE facts AS f
+SET status = 'superseded',
+    superseded_by = n.id,
+    superseded_at = now(),
+    status_reason = %s,
+    prior_valid_to = f.valid_to,
+    valid_to = greatest(least(f.valid_to, coalesce(n.valid_from, now())), f.valid_from)
+FROM unnest(%s::uuid[], %s::uuid[]) AS s(old_id, new_id)
+JOIN facts n ON n.id = s.new_id
+WHERE f.id = s.old_id AND f.status = 'active'
+RETURNING {", ".join("f." + c.strip() for c in FACT_COLUMNS.split(","))}
+"""
+
+
+async def supersede_facts(
+    conn: AsyncConnection,
+    pairs: Sequence[tuple[uuid.UUID, uuid.UUID]],
+    *,
+    reason: str | None = None,
+) -> list[FactRow]:
+    """Mark each active `old` fact superseded by `new` (pairs of (old, new) ids).
+
+    The old fact's validity ends at the successor's `valid_from`, or now when it has none; it
+    is never extended (an earlier `valid_to` stays) and never ends before it starts (a successor
+    valid from before it leaves it an empty interval: never valid). The record it held until
+    now stays readable as of earlier instants (`superseded_at`, `prior_valid_to`).
+    """
+    if not pairs:
+        return []
+    cur = conn.cursor(row_factory=class_row(FactRow))
+    await cur.execute(_SUPERSEDE, (reason, [old for old, _ in pairs], [new for _, new in pairs]))
+    return await cur.fetchall()
+
+
+async def retire_fact(
+    conn: AsyncConnection, project_id: str, fact_id: uuid.UUID, reason: str
+) -> FactRow | None:
+    """Retire an active fact of a project: it leaves the record now (`recorded_to`), kept for
+    history. None when no active fact of the project has this id."""
+    cur = conn.cursor(row_factory=class_row(FactRow))
+    await cur.execute(
+        "UPDATE facts SET status = 'retired', recorded_to = now(), status_reason = %s"
+        f" WHERE id = %s AND project_id = %s AND status = 'active' RETURNING {FACT_COLUMNS}",
+        (reason or None, fact_id, project_id),
+    )
+    return await cur.fetchone()
+
+
+async def list_facts(
+    conn: AsyncConnection,
+    *,
+    project_id: str,
+    subject_id: str,
+    at: datetime,
+    include_inactive: bool,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[FactRow]:
+    """Facts of a scope by (recorded_from, id), keyset-paged strictly after `after`.
+
+    Without `include_inactive`: the facts valid at `at` as recorded then (FACT_VISIBLE_AT).
+    With it: every fact recorded by `at`, whatever its status and validity.
+    """
+    where = (
+        "f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s"
+        " AND f.recorded_from <= %(at)s"
+    )
+    if not include_inactive:
+        where += f" AND {FACT_VISIBLE_AT}"
+    if after is not None:
+        where += " AND (f.recorded_from, f.id) > (%(after_at)s, %(after_id)s)"
+    sql = (
+        f"SELECT {FACT_COLUMNS} FROM facts f WHERE {where}"
+        " ORDER BY f.recorded_from, f.id LIMIT %(limit)s"
+    )
+    params = {
+        "project_id": project_id,
+        "subject_id": subject_id,
+        "at": at,
+        "after_at": after[0] if after else None,
+        "after_id": after[1] if after else None,
+        "limit": limit,
+    }
+    cur = conn.cursor(row_factory=class_row(FactRow))
+    await cur.execute(sql, params)
+    return await cur.fetchall()
+
+
+# --- conflicts -------------------------------------------------------------------------------
+
+_CONFLICT_COLUMNS = """
+    c.id, c.project_id, c.subject_id, c.status, c.note, c.opened_at, c.resolved_at,
+    c.winning_fact_id,
+    ARRAY(SELECT m.fact_id FROM conflict_members m WHERE m.conflict_id = c.id ORDER BY m.fact_id)
+        AS fact_ids
+"""
+
+
+async def open_conflicts_of(
+    conn: AsyncConnection, fact_ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, uuid.UUID]:
+    """For each fact among `fact_ids` in an open conflict: that conflict's id."""
+    if not fact_ids:
+        return {}
+    cur = await conn.execute(
+        "SELECT m.fact_id, m.conflict_id FROM conflict_members m"
+        " JOIN conflict_sets c ON c.id = m.conflict_id"
+        " WHERE m.fact_id = ANY(%s) AND c.status = 'open'",
+        (list(fact_ids),),
+    )
+    return {row[0]: row[1] for row in await cur.fetchall()}
+
+
+async def insert_conflict(
+    conn: AsyncConnection,
+    *,
+    project_id: str,
+    subject_id: str,
+    note: str,
+    fact_ids: Sequence[uuid.UUID],
+) -> ConflictRow:
+    """Open a conflict set over `fact_ids`."""
+    cur = await conn.execute(
+        "INSERT INTO conflict_sets (project_id, subject_id, note) VALUES (%s, %s, %s) RETURNING id",
+        (project_id, subject_id, note),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    conflict_id: uuid.UUID = row[0]
+    await conn.execute(
+        "INSERT INTO conflict_members (conflict_id, fact_id) SELECT %s, unnest(%s::uuid[])",
+        (conflict_id, list(fact_ids)),
+    )
+    conflict = await get_conflict(conn, project_id, conflict_id)
+    assert conflict is not None
+    return conflict
+
+
+async def get_conflict(
+    conn: AsyncConnection, project_id: str, conflict_id: uuid.UUID, *, lock: bool = False
+) -> ConflictRow | None:
+    """One conflict of a project (None when unknown there); `lock` holds it FOR UPDATE."""
+    cur = conn.cursor(row_factory=class_row(ConflictRow))
+    await cur.execute(
+        f"SELECT {_CONFLICT_COLUMNS} FROM conflict_sets c WHERE c.id = %s AND c.project_id = %s"
+        + (" FOR UPDATE" if lock else ""),
+        (conflict_id, project_id),
+    )
+    return await cur.fetchone()
+
+
+async def resolve_conflict(
+    conn: AsyncConnection, conflict_id: uuid.UUID, winning_fact_id: uuid.UUID
+) -> ConflictRow:
+    """Close an open conflict with its winner."""
+    cur = conn.cursor(row_factory=class_row(ConflictRow))
+    await cur.execute(
+        "UPDATE conflict_sets c SET status = 'resolved', resolved_at = now(),"
+        " winning_fact_id = %s WHERE c.id = %s AND c.status = 'open'"
+        f" RETURNING {_CONFLICT_COLUMNS}",
+        (winning_fact_id, conflict_id),
+    )
+    row = await cur.fetchone()
+    assert row is not None, "resolve_conflict needs an open conflict locked by the caller"
+    return row
+
+
+async def list_conflicts(
+    conn: AsyncConnection,
+    *,
+    project_id: str,
+    subject_id: str,
+    include_resolved: bool,
+    limit: int,
+) -> list[ConflictRow]:
+    """Conflicts of a scope, newest first: open ones, or all with `include_resolved`."""
+    where = "c.project_id = %s AND c.subject_id = %s"
+    if not include_resolved:
+        where += " AND c.status = 'open'"
+    cur = conn.cursor(row_factory=class_row(ConflictRow))
+    await cur.execute(
+        f"SELECT {_CONFLICT_COLUMNS} FROM conflict_sets c WHERE {where}"
+        " ORDER BY c.opened_at DESC, c.id DESC LIMIT %s",
+        (project_id, subject_id, limit),
+    )
+    return await cur.fetchall()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+async def _returned_rows(cur: Any, count: int) -> list[Any]:
+    """The RETURNING row (or None) of each statement of an `executemany(returning=True)`."""
+    rows: list[Any] = []
+    for _ in range(count):
+        rows.append(await cur.fetchone())
+        if not cur.nextset():
+            break
+    if len(rows) != count:
+        raise RuntimeError(f"executemany returned {len(rows)} results for {count} rows")
+    return rows
