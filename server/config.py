@@ -34,6 +34,10 @@ class ContextSettings:
     default_budget_tokens: int = 900
     retrieval_top_k: int = 64
     candidate_limit: int = 256
+    recency_top_k: int = 64
+    recency_window_days: float = 90.0
+    retrieval_top_k_max: int = 1024
+    exact_top_n: int = 10
     episode_top_k: int = 8
     recall_max_distance: float = 0.0
     weight_similarity: float = 0.6
@@ -101,6 +105,13 @@ class Settings:
             (c.default_budget_tokens > 0, "SATCHEL_DEFAULT_BUDGET_TOKENS must be positive"),
             (c.retrieval_top_k > 0, "SATCHEL_RETRIEVAL_TOP_K must be positive"),
             (c.candidate_limit > 0, "SATCHEL_CANDIDATE_LIMIT must be positive"),
+            (c.recency_top_k >= 0, "SATCHEL_RECENCY_TOP_K must not be negative"),
+            (c.recency_window_days >= 0, "SATCHEL_RECENCY_WINDOW_DAYS must not be negative"),
+            (
+                c.retrieval_top_k_max >= c.retrieval_top_k,
+                "SATCHEL_RETRIEVAL_TOP_K_MAX must be at least SATCHEL_RETRIEVAL_TOP_K",
+            ),
+            (c.exact_top_n >= 0, "SATCHEL_EXACT_TOP_N must not be negative"),
             (c.episode_top_k >= 0, "SATCHEL_EPISODE_TOP_K must not be negative"),
             (0.0 <= c.recall_max_distance <= 2.0, "SATCHEL_RECALL_MAX_DISTANCE must be in [0, 2]"),
             (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),

@@ -89,3 +89,24 @@ async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
 def project_id() -> str:
     """A fresh project per test: tests never see each other's rows."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def start_server(settings: Settings):
+    """Start extra servers on the same database with other context settings; stopped after."""
+    from contextlib import asynccontextmanager
+
+    from satchel.server.app import SatchelServer
+
+    @asynccontextmanager
+    async def start(**context_overrides):
+        context = replace(settings.context, **context_overrides)
+        srv = SatchelServer(replace(settings, context=context))
+        await srv.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as chan:
+                yield chan
+        finally:
+            await srv.stop()
+
+    return start

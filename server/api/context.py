@@ -1,14 +1,241 @@
-"""ContextService: the gRPC face of context assembly."""
+"""ContextService: the gRPC face of context assembly (validate, run `assemble`, map)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from satchel.server.api.validation import (
+    MAX_BUDGET_TOKENS,
+    MAX_QUERY_CHARS,
+    check_id,
+    check_text,
+    parse_uuid,
+)
+from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, assemble
+from satchel.server.domain import packing
+from satchel.server.errors import InvalidArgument, NotFound, Violations
 from satchel.server.runtime import RuntimeRef
+from satchel.server.storage import context as store
+from satchel.v1 import context_pb2 as pb
 from satchel.v1 import context_pb2_grpc
+
+KINDS = {packing.FACT: pb.CANDIDATE_KIND_FACT, packing.EPISODE: pb.CANDIDATE_KIND_EPISODE}
+OUTCOMES = {
+    packing.INCLUDED: pb.DECISION_OUTCOME_INCLUDED,
+    packing.EXCLUDED: pb.DECISION_OUTCOME_EXCLUDED,
+    packing.BLOCKED: pb.DECISION_OUTCOME_BLOCKED,
+}
+STATUSES = {
+    packing.STATUS_OK: pb.PACKET_STATUS_OK,
+    packing.STATUS_DEGRADED: pb.PACKET_STATUS_DEGRADED,
+}
+
+
+def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def _value(value: Any) -> struct_pb2.Value:
+    message = struct_pb2.Value()
+    json_format.ParseDict(value, message)
+    return message
+
+
+def decision_message(d: packing.Decision) -> pb.Decision:
+    """A domain decision as the wire Decision."""
+    c = d.candidate
+    return pb.Decision(
+        sequence=d.sequence,
+        candidate_id=c.id,
+        candidate_kind=KINDS[c.kind],
+        outcome=OUTCOMES[d.outcome],
+        reason_code=d.reason_code,
+        score=c.score,
+        similarity=c.similarity,
+        text_rank=c.text_rank,
+        recency=c.recency,
+        tokens=c.tokens,
+        budget_used=d.budget_used,
+        preview=c.text[:PREVIEW_CHARS],
+    )
+
+
+def packet_message(packet: Packet) -> pb.ContextPacket:
+    """A domain packet as the wire ContextPacket."""
+    return pb.ContextPacket(
+        facts=[
+            pb.PacketFact(
+                id=f.id,
+                predicate=f.predicate,
+                value=_value(f.value),
+                statement=f.statement,
+                confidence=f.confidence,
+                valid_from=_timestamp(f.valid_from),
+                source_event_ids=f.source_event_ids,
+            )
+            for f in packet.facts
+        ],
+        episodes=[
+            pb.PacketEpisode(
+                event_id=e.event_id,
+                kind=e.kind,
+                occurred_at=_timestamp(e.occurred_at),
+                excerpt=e.excerpt,
+            )
+            for e in packet.episodes
+        ],
+        warnings=packet.warnings,
+        status=STATUSES[packet.status],
+        empty_reason=packet.empty_reason,
+        budget_tokens=packet.budget_tokens,
+        tokens_used=packet.tokens_used,
+    )
 
 
 class ContextServicer(context_pb2_grpc.ContextServiceServicer):
-    """Thin adapter over the domain. Until issue 4 lands, the generated base answers every
-    RPC with NotImplementedError, which the interceptor turns into UNIMPLEMENTED."""
+    """Thin adapter over `satchel.server.context.assemble` and the trace store."""
 
     def __init__(self, runtime: RuntimeRef) -> None:
         self._runtime = runtime
+
+    def _request(
+        self, request: pb.AssembleContextRequest | pb.StreamContextRequest
+    ) -> ContextRequest:
+        violations = Violations()
+        check_id(violations, "project_id", request.project_id)
+        check_id(violations, "subject_id", request.subject_id)
+        check_text(violations, "query", request.query, max_chars=MAX_QUERY_CHARS, required=True)
+        violations.raise_if_any()
+        settings = self._runtime().settings.context
+        budget = (
+            request.budget_tokens
+            if request.HasField("budget_tokens")
+            else settings.default_budget_tokens
+        )
+        if not 0 < budget <= MAX_BUDGET_TOKENS:
+            raise InvalidArgument(
+                [("budget_tokens", f"must be a positive integer at most {MAX_BUDGET_TOKENS}")],
+                reason="BUDGET_EXCEEDED",
+            )
+        as_of = request.as_of.ToDatetime(tzinfo=UTC) if request.HasField("as_of") else None
+        return ContextRequest(
+            project_id=request.project_id,
+            subject_id=request.subject_id,
+            query=request.query,
+            budget_tokens=budget,
+            as_of=as_of,
+        )
+
+    async def AssembleContext(
+        self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AssembleContextResponse:
+        call = self._request(request)
+        trace_id = uuid.uuid4()
+        structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
+        async for item in assemble(self._runtime(), call, trace_id):
+            if isinstance(item, Packet):
+                return pb.AssembleContextResponse(
+                    packet=packet_message(item), trace_id=item.trace_id
+                )
+        raise AssertionError("assemble ended without a packet")
+
+    async def StreamContext(
+        self, request: pb.StreamContextRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamContextResponse]:
+        call = self._request(request)
+        trace_id = uuid.uuid4()
+        structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
+        async for item in assemble(self._runtime(), call, trace_id):
+            if isinstance(item, Packet):
+                yield pb.StreamContextResponse(trace_id=str(trace_id), packet=packet_message(item))
+            else:
+                yield pb.StreamContextResponse(
+                    trace_id=str(trace_id), decision=decision_message(item)
+                )
+
+    async def GetTrace(
+        self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTraceResponse:
+        violations = Violations()
+        check_id(violations, "project_id", request.project_id)
+        trace_id = parse_uuid(violations, "trace_id", request.trace_id)
+        violations.raise_if_any()
+        async with self._runtime().pool.connection() as conn:
+            found = await store.load_trace(conn, request.project_id, trace_id)
+        if found is None:
+            raise NotFound(f"no trace {request.trace_id} in this project", reason="TRACE_NOT_FOUND")
+        call, decisions = found
+        return pb.GetTraceResponse(trace=trace_message(call, decisions))
+
+    async def GetStatsOverview(
+        self, request: pb.GetStatsOverviewRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsOverviewResponse:
+        violations = Violations()
+        check_id(violations, "project_id", request.project_id)
+        violations.raise_if_any()
+        async with self._runtime().pool.connection() as conn:
+            row = await store.stats_overview(conn, request.project_id)
+        calls = int(row["context_calls"])
+        rate = row["calls_serving_facts"] / calls if calls else 0.0
+        return pb.GetStatsOverviewResponse(
+            injection_rate=rate,
+            hit_rate=rate,
+            context_calls=calls,
+            calls_serving_facts=int(row["calls_serving_facts"]),
+            calls_empty=int(row["calls_empty"]),
+            latency_p50_ms=float(row["p50"]),
+            latency_p95_ms=float(row["p95"]),
+            latency_p99_ms=float(row["p99"]),
+            mean_tokens_used=float(row["mean_tokens_used"]),
+        )
+
+
+def trace_message(call: dict[str, Any], decisions: list[dict[str, Any]]) -> pb.Trace:
+    """A persisted call and its decision rows as the wire Trace."""
+    return pb.Trace(
+        trace_id=str(call["trace_id"]),
+        project_id=call["project_id"],
+        subject_id=call["subject_id"],
+        query=call["query"],
+        budget_tokens=call["budget_tokens"],
+        created_at=_timestamp(call["created_at"]),
+        as_of=_timestamp(call["as_of"]),
+        status=STATUSES[call["status"]],
+        warnings=call["warnings"],
+        empty_reason=call["empty_reason"],
+        tokens_used=call["tokens_used"],
+        timings=pb.TraceTimings(
+            embed_ms=call["embed_ms"],
+            retrieve_ms=call["retrieve_ms"],
+            pack_ms=call["pack_ms"],
+            total_ms=call["total_ms"],
+        ),
+        decisions=[
+            pb.Decision(
+                sequence=d["sequence"],
+                candidate_id=str(d["candidate_id"]),
+                candidate_kind=KINDS[d["candidate_kind"]],
+                outcome=OUTCOMES[d["outcome"]],
+                reason_code=d["reason_code"],
+                score=d["score"],
+                similarity=d["similarity"],
+                text_rank=d["text_rank"],
+                recency=d["recency"],
+                tokens=d["tokens"],
+                budget_used=d["budget_used"],
+                preview=d["preview"],
+            )
+            for d in decisions
+        ],
+    )

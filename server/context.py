@@ -1,0 +1,249 @@
+"""Context assembly: one routine that yields every decision as it is made, then the packet.
+
+`assemble` is the only path: StreamContext forwards each item as it comes, AssembleContext
+collects them. Order of work: embed the query; fetch scored fact candidates (two-phase) and
+pack them; if budget remains, one multi-hop pass over entities of the retained facts (full-text
+only, never gated); then the nearest episodes into what remains; persist the trace; the packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from satchel.server.domain.entities import extract_entities
+from satchel.server.domain.packing import (
+    CONFLICT_OPEN,
+    EPISODE,
+    FACT,
+    MULTI_HOP_EXPANSION,
+    VOLATILITY_EXPIRED,
+    Candidate,
+    Decision,
+    Packer,
+    empty_reason,
+    packet_status,
+)
+from satchel.server.domain.rendering import excerpt
+from satchel.server.runtime import Runtime
+from satchel.server.storage import context as store
+
+EPISODE_EXCERPT_CHARS = 600
+PREVIEW_CHARS = 160
+
+
+@dataclass(frozen=True)
+class ContextRequest:
+    """A validated context call."""
+
+    project_id: str
+    subject_id: str
+    query: str
+    budget_tokens: int
+    as_of: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ServedFact:
+    id: str
+    predicate: str
+    value: Any
+    statement: str
+    confidence: float
+    valid_from: datetime | None
+    source_event_ids: list[str]
+
+
+@dataclass(frozen=True)
+class ServedEpisode:
+    event_id: str
+    kind: str
+    occurred_at: datetime
+    excerpt: str
+
+
+@dataclass(frozen=True)
+class Packet:
+    """What the agent receives, plus the trace id under which every decision is stored."""
+
+    trace_id: str
+    facts: list[ServedFact]
+    episodes: list[ServedEpisode]
+    warnings: list[str]
+    status: str
+    empty_reason: str
+    budget_tokens: int
+    tokens_used: int
+
+
+@dataclass
+class _Timer:
+    started: float = field(default_factory=time.perf_counter)
+    spans: dict[str, float] = field(default_factory=dict)
+
+    def add(self, span: str, since: float) -> float:
+        now = time.perf_counter()
+        self.spans[span] = self.spans.get(span, 0.0) + (now - since) * 1000
+        return now
+
+    def total_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+
+def _fact_candidate(row: dict[str, Any]) -> Candidate:
+    blocked = None
+    if row["in_open_conflict"]:
+        blocked = CONFLICT_OPEN
+    elif row["expired"]:
+        blocked = VOLATILITY_EXPIRED
+    return Candidate(
+        id=str(row["id"]),
+        kind=FACT,
+        text=row["statement"],
+        similarity=float(row["similarity"]),
+        text_rank=float(row["text_rank"]),
+        recency=float(row["recency"]),
+        score=float(row["score"]),
+        blocked_reason=blocked,
+    )
+
+
+def _episode_candidate(row: dict[str, Any], weights: Any) -> Candidate:
+    similarity, recency = float(row["similarity"]), float(row["recency"])
+    return Candidate(
+        id=str(row["id"]),
+        kind=EPISODE,
+        text=excerpt(row["text"], EPISODE_EXCERPT_CHARS),
+        similarity=similarity,
+        text_rank=0.0,
+        recency=recency,
+        score=weights.weight_similarity * similarity + weights.weight_recency * recency,
+    )
+
+
+def _served_fact(row: dict[str, Any]) -> ServedFact:
+    return ServedFact(
+        id=str(row["id"]),
+        predicate=row["predicate"],
+        value=row["value"],
+        statement=row["statement"],
+        confidence=float(row["confidence"]),
+        valid_from=row["valid_from"],
+        source_event_ids=[str(e) for e in row["source_event_ids"]],
+    )
+
+
+def _trace_row(trace_id: uuid.UUID, decision: Decision) -> tuple[Any, ...]:
+    c = decision.candidate
+    return (
+        trace_id,
+        decision.sequence,
+        uuid.UUID(c.id),
+        c.kind,
+        decision.outcome,
+        decision.reason_code,
+        c.score,
+        c.similarity,
+        c.text_rank,
+        c.recency,
+        c.tokens,
+        decision.budget_used,
+        c.text[:PREVIEW_CHARS],
+    )
+
+
+async def assemble(
+    runtime: Runtime, request: ContextRequest, trace_id: uuid.UUID | None = None
+) -> AsyncIterator[Decision | Packet]:
+    """Yield each packing decision as it is made, then the persisted call's Packet."""
+    cfg = runtime.settings.context
+    trace_id = trace_id or uuid.uuid4()
+    timer = _Timer()
+    scope = store.Scope(
+        request.project_id,
+        request.subject_id,
+        at=request.as_of or datetime.now(UTC),
+        historical=request.as_of is not None,
+    )
+    vector = await runtime.embed_query(request.query)
+    mark = timer.add("embed", timer.started)
+
+    packer = Packer(request.budget_tokens, max_distance=cfg.recall_max_distance)
+    pool = runtime.pool
+
+    async def fetch(query: Any, *args: Any) -> list[dict[str, Any]]:
+        # A connection per query: none is held while decisions are streamed to the client.
+        async with pool.connection() as conn:
+            return await query(conn, *args)
+
+    rows, episodes = await asyncio.gather(
+        fetch(store.fetch_fact_candidates, scope, request.query, vector, cfg),
+        fetch(store.fetch_episodes, scope, vector, cfg),
+    )
+    mark = timer.add("retrieve", mark)
+    rows_by_id = {str(r["id"]): r for r in rows}
+    for decision in packer.pack([_fact_candidate(r) for r in rows]):
+        yield decision
+    mark = timer.add("pack", mark)
+
+    retained = [c.text for c in packer.included if c.kind == FACT]
+    entities = extract_entities(retained, request.query, cfg.multi_hop_max_entities)
+    if packer.remaining > 0 and entities:
+        hops = await fetch(
+            store.fetch_multi_hop, scope, request.query, vector, cfg, entities, list(rows_by_id)
+        )
+        mark = timer.add("retrieve", mark)
+        rows_by_id.update((str(r["id"]), r) for r in hops)
+        hop_candidates = [_fact_candidate(r) for r in hops]
+        for decision in packer.pack(hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION):
+            yield decision
+        mark = timer.add("pack", mark)
+
+    episode_rows = {str(r["id"]): r for r in episodes}
+    for decision in packer.pack([_episode_candidate(r, cfg) for r in episodes]):
+        yield decision
+    timer.add("pack", mark)
+
+    status, warnings = packet_status(packer.hidden_counts)
+    facts = [_served_fact(rows_by_id[c.id]) for c in packer.included if c.kind == FACT]
+    served_episodes = [
+        ServedEpisode(c.id, episode_rows[c.id]["kind"], episode_rows[c.id]["occurred_at"], c.text)
+        for c in packer.included
+        if c.kind == EPISODE
+    ]
+    packet = Packet(
+        trace_id=str(trace_id),
+        facts=facts,
+        episodes=served_episodes,
+        warnings=warnings,
+        status=status,
+        empty_reason=empty_reason(packer),
+        budget_tokens=request.budget_tokens,
+        tokens_used=packer.used,
+    )
+    call = store.CallRecord(
+        trace_id=trace_id,
+        project_id=request.project_id,
+        subject_id=request.subject_id,
+        query=request.query,
+        budget_tokens=request.budget_tokens,
+        as_of=request.as_of,
+        status=status,
+        warnings=warnings,
+        empty_reason=packet.empty_reason,
+        tokens_used=packer.used,
+        facts_served=len(facts),
+        episodes_served=len(served_episodes),
+        embed_ms=timer.spans.get("embed", 0.0),
+        retrieve_ms=timer.spans.get("retrieve", 0.0),
+        pack_ms=timer.spans.get("pack", 0.0),
+        total_ms=timer.total_ms(),
+    )
+    async with pool.connection() as conn:
+        await store.save_trace(conn, call, [_trace_row(trace_id, d) for d in packer.decisions])
+    yield packet

@@ -1,0 +1,377 @@
+"""SQL of context assembly: candidate retrieval, multi-hop, episodes, traces and stats.
+
+Retrieval is two-phase. Phase 1 gathers ids from indexes only: the top-K facts by cosine
+(HNSW), the top-K by full-text rank (GIN), and the K most recent. Phase 2 computes the hybrid
+score on that union only, reading just the columns packing needs. The same filters serve "now"
+(status = active, still valid) and point-in-time calls (`as_of`: valid then, as recorded then).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from satchel.server.config import ContextSettings
+from satchel.server.storage.memory import FACT_VISIBLE_AT
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one context call may see: a scope, an instant, and whether that instant is now."""
+
+    project_id: str
+    subject_id: str
+    at: datetime
+    historical: bool
+
+
+# Facts visible at %(at)s. "now" uses the partial index on active facts; as_of reads history.
+_CURRENT_FACTS = """
+    f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
+    AND f.status = 'active'
+    AND (f.valid_to IS NULL OR f.valid_to > %(at)s)
+"""
+_FACTS_AS_OF = (
+    """
+    f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s AND
+"""
+    + FACT_VISIBLE_AT
+)
+
+# The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
+_SCORED_COLUMNS = """
+    f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
+    1 - (f.embedding <=> %(vector)s) AS similarity,
+    ts_rank_cd(f.search_vector, q.tsq) AS text_rank,
+    exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
+        / %(tau_seconds)s) AS recency,
+    (f.stale_after IS NOT NULL
+        AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s) AS expired,
+    EXISTS (
+        SELECT 1 FROM conflict_members m JOIN conflict_sets c ON c.id = m.conflict_id
+        WHERE m.fact_id = f.id AND c.opened_at <= %(at)s
+          AND (c.status = 'open' OR c.resolved_at > %(at)s)
+    ) AS in_open_conflict
+"""
+
+_SCORE = """
+    %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
+"""
+
+# Phase 1 has three sources: the K nearest facts (HNSW), the K nearest facts of the recency
+# window (HNSW under a date filter: where recency still weighs), and the K best full-text
+# matches (GIN). Each keeps what bounds the score of a fact it did not return (its K-th
+# distance or rank); phase 2 scores the union and reports those bounds on every row.
+_CANDIDATES_SQL = """
+WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+by_vector AS (
+    SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f WHERE {visible}
+    ORDER BY f.embedding <=> %(vector)s LIMIT %(top_k)s
+),
+by_recent_vector AS (
+    SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f
+    WHERE {visible} AND coalesce(f.valid_from, f.recorded_from) > %(recent_since)s
+    ORDER BY f.embedding <=> %(vector)s LIMIT %(recent_k)s
+),
+by_text AS (
+    SELECT f.id, ts_rank_cd(f.search_vector, q.tsq) AS rank FROM facts f, q
+    WHERE {visible} AND f.search_vector @@ q.tsq
+    ORDER BY ts_rank_cd(f.search_vector, q.tsq) DESC LIMIT %(top_k)s
+),
+bounds AS (
+    SELECT (SELECT count(*) FROM by_vector) AS vector_rows,
+           (SELECT max(distance) FROM by_vector) AS vector_max_distance,
+           (SELECT count(*) FROM by_recent_vector) AS recent_rows,
+           (SELECT max(distance) FROM by_recent_vector) AS recent_max_distance,
+           (SELECT count(*) FROM by_text) AS text_rows,
+           (SELECT min(rank) FROM by_text) AS text_min_rank
+),
+pool AS (
+    SELECT id FROM by_vector UNION SELECT id FROM by_recent_vector UNION SELECT id FROM by_text
+),
+scored AS (
+    SELECT {columns} FROM facts f JOIN pool USING (id), q
+)
+SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds
+ORDER BY score DESC, id LIMIT %(candidate_limit)s
+"""
+
+# The exact reference: the hybrid score of every visible fact (benchmarks and small scopes).
+_EXACT_SQL = """
+WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+scored AS (SELECT {columns} FROM facts f, q WHERE {visible})
+SELECT *, {score} AS score FROM scored ORDER BY score DESC, id LIMIT %(candidate_limit)s
+"""
+
+_MULTI_HOP_SQL = """
+WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq)
+SELECT hop.* FROM unnest(%(entities)s::text[]) AS e(entity)
+CROSS JOIN LATERAL (
+    SELECT *, {score} AS score FROM (
+        SELECT {columns} FROM facts f, q
+        WHERE {visible}
+          AND f.search_vector @@ plainto_tsquery('simple', e.entity)
+          AND NOT (f.id = ANY(%(exclude)s::uuid[]))
+        ORDER BY ts_rank_cd(f.search_vector, plainto_tsquery('simple', e.entity)) DESC, f.id
+        LIMIT %(per_entity)s
+    ) s
+) hop
+"""
+
+_EPISODES_SQL = """
+SELECT e.id, e.kind, e.occurred_at, e.text,
+       1 - (e.embedding <=> %(vector)s) AS similarity,
+       exp(-greatest(date_part('epoch', %(at)s - e.occurred_at), 0) / %(tau_seconds)s) AS recency
+FROM events e
+WHERE e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+  AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
+ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
+"""
+
+
+def _render(template: str, historical: bool) -> str:
+    visible = _FACTS_AS_OF if historical else _CURRENT_FACTS
+    return template.format(visible=visible, columns=_SCORED_COLUMNS, score=_SCORE)
+
+
+# (now, as_of) variants of each statement, rendered once.
+CANDIDATES_SQL = (_render(_CANDIDATES_SQL, False), _render(_CANDIDATES_SQL, True))
+EXACT_SQL = (_render(_EXACT_SQL, False), _render(_EXACT_SQL, True))
+MULTI_HOP_SQL = (_render(_MULTI_HOP_SQL, False), _render(_MULTI_HOP_SQL, True))
+
+
+def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) -> dict[str, Any]:
+    return {
+        "project_id": scope.project_id,
+        "subject_id": scope.subject_id,
+        "at": scope.at,
+        "historical": scope.historical,
+        "query": query,
+        "vector": vector,
+        "top_k": cfg.retrieval_top_k,
+        "recent_k": cfg.recency_top_k,
+        "recent_since": scope.at - timedelta(days=cfg.recency_window_days),
+        "candidate_limit": cfg.candidate_limit,
+        "episode_k": cfg.episode_top_k,
+        "tau_seconds": cfg.recency_tau_days * 86400.0,
+        "w_similarity": cfg.weight_similarity,
+        "w_text_rank": cfg.weight_text_rank,
+        "w_recency": cfg.weight_recency,
+        "per_entity": cfg.multi_hop_max_per_entity,
+    }
+
+
+def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
+    """The highest hybrid score a fact outside the union could have (-inf: none is left out).
+
+    An unseen fact is either older than the recency window (cosine at most the K-th nearest
+    overall, recency at most that of the window's edge) or inside it (cosine at most the K-th
+    nearest of the window, recency at most 1). A source that returned fewer rows than asked
+    returned every fact it could, so it leaves none unseen. An unseen fact's text rank is at
+    most the K-th best rank, or 0 when the text source returned every match.
+    """
+    rank = float(row["text_min_rank"]) if row["text_rows"] >= params["top_k"] else 0.0
+    base = params["w_text_rank"] * rank
+    bounds = [float("-inf")]
+    if row["vector_rows"] >= params["top_k"]:
+        edge_age = (params["at"] - params["recent_since"]).total_seconds()
+        old_recency = math.exp(-max(edge_age, 0.0) / params["tau_seconds"])
+        similarity = 1.0 - float(row["vector_max_distance"])
+        bounds.append(
+            base + params["w_similarity"] * similarity + params["w_recency"] * old_recency
+        )
+        if row["recent_rows"] >= params["recent_k"]:
+            recent_similarity = (
+                1.0 - float(row["recent_max_distance"]) if params["recent_k"] else similarity
+            )
+            bounds.append(base + params["w_similarity"] * recent_similarity + params["w_recency"])
+    return max(bounds)
+
+
+def is_exact(rows: list[dict[str, Any]], params: dict[str, Any], top_n: int) -> bool:
+    """True when no fact outside the union can enter the top `top_n` (threshold algorithm)."""
+    if not rows:
+        return True
+    bound = unseen_score_bound(rows[0], params)
+    if bound == float("-inf") or top_n == 0:
+        return True
+    return len(rows) >= top_n and rows[top_n - 1]["score"] >= bound
+
+
+async def fetch_fact_candidates(
+    conn: AsyncConnection,
+    scope: Scope,
+    query: str,
+    vector: np.ndarray,
+    cfg: ContextSettings,
+    *,
+    exact: bool = False,
+) -> list[dict[str, Any]]:
+    """Scored fact candidates, best first.
+
+    Two-phase by default: if the bounds of phase 1 show that an unseen fact could still enter
+    the top `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run
+    again. `exact` scores every visible fact instead (the reference ranking).
+    """
+    params = _params(scope, query, vector, cfg)
+    cur = conn.cursor(row_factory=dict_row)
+    if exact:
+        await cur.execute(EXACT_SQL[scope.historical], params)
+        return await cur.fetchall()
+    while True:
+        await cur.execute(CANDIDATES_SQL[scope.historical], params)
+        rows = await cur.fetchall()
+        if params["top_k"] >= cfg.retrieval_top_k_max or is_exact(rows, params, cfg.exact_top_n):
+            return rows
+        params["top_k"] = min(params["top_k"] * 4, cfg.retrieval_top_k_max)
+        params["recent_k"] = min(params["recent_k"] * 4, cfg.retrieval_top_k_max)
+
+
+async def fetch_multi_hop(
+    conn: AsyncConnection,
+    scope: Scope,
+    query: str,
+    vector: np.ndarray,
+    cfg: ContextSettings,
+    entities: Sequence[str],
+    exclude_ids: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Facts mentioning each entity (full-text only, no new embedding), best-ranked first."""
+    params = _params(scope, query, vector, cfg)
+    params["entities"] = list(entities)
+    params["exclude"] = list(exclude_ids)
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(MULTI_HOP_SQL[scope.historical], params)
+    return await cur.fetchall()
+
+
+async def fetch_episodes(
+    conn: AsyncConnection, scope: Scope, vector: np.ndarray, cfg: ContextSettings
+) -> list[dict[str, Any]]:
+    """The scope's events nearest to the query vector (HNSW)."""
+    if cfg.episode_top_k == 0:
+        return []
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_EPISODES_SQL, _params(scope, "", vector, cfg))
+    return await cur.fetchall()
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """The summary row of one context call."""
+
+    trace_id: uuid.UUID
+    project_id: str
+    subject_id: str
+    query: str
+    budget_tokens: int
+    as_of: datetime | None
+    status: str
+    warnings: list[str]
+    empty_reason: str
+    tokens_used: int
+    facts_served: int
+    episodes_served: int
+    embed_ms: float
+    retrieve_ms: float
+    pack_ms: float
+    total_ms: float
+
+
+TRACE_COLUMNS = (
+    "trace_id",
+    "sequence",
+    "candidate_id",
+    "candidate_kind",
+    "outcome",
+    "reason_code",
+    "score",
+    "similarity",
+    "text_rank",
+    "recency",
+    "tokens",
+    "budget_used",
+    "preview",
+)
+
+
+async def save_trace(
+    conn: AsyncConnection, call: CallRecord, decision_rows: Sequence[Sequence[Any]]
+) -> None:
+    """Persist a call and all its decisions (one COPY) in one transaction."""
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO context_calls (trace_id, project_id, subject_id, query, budget_tokens,"
+            " as_of, status, warnings, empty_reason, tokens_used, facts_served, episodes_served,"
+            " embed_ms, retrieve_ms, pack_ms, total_ms) VALUES"
+            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                call.trace_id,
+                call.project_id,
+                call.subject_id,
+                call.query,
+                call.budget_tokens,
+                call.as_of,
+                call.status,
+                call.warnings,
+                call.empty_reason,
+                call.tokens_used,
+                call.facts_served,
+                call.episodes_served,
+                call.embed_ms,
+                call.retrieve_ms,
+                call.pack_ms,
+                call.total_ms,
+            ),
+        )
+        cur = conn.cursor()
+        async with cur.copy(f"COPY context_traces ({', '.join(TRACE_COLUMNS)}) FROM STDIN") as copy:
+            for row in decision_rows:
+                await copy.write_row(row)
+
+
+async def load_trace(
+    conn: AsyncConnection, project_id: str, trace_id: uuid.UUID
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A call of this project and its decisions in order; None when there is no such call."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(
+        "SELECT * FROM context_calls WHERE trace_id = %s AND project_id = %s",
+        (trace_id, project_id),
+    )
+    call = await cur.fetchone()
+    if call is None:
+        return None
+    await cur.execute(
+        f"SELECT {', '.join(TRACE_COLUMNS[1:])} FROM context_traces"
+        " WHERE trace_id = %s ORDER BY sequence",
+        (trace_id,),
+    )
+    return call, await cur.fetchall()
+
+
+async def stats_overview(conn: AsyncConnection, project_id: str) -> dict[str, Any]:
+    """Call counts, injection rate and latency percentiles of a project's context calls."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(
+        """
+        SELECT count(*) AS context_calls,
+               count(*) FILTER (WHERE facts_served > 0) AS calls_serving_facts,
+               count(*) FILTER (WHERE facts_served = 0 AND episodes_served = 0) AS calls_empty,
+               coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY total_ms), 0) AS p50,
+               coalesce(percentile_cont(0.95) WITHIN GROUP (ORDER BY total_ms), 0) AS p95,
+               coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY total_ms), 0) AS p99,
+               coalesce(avg(tokens_used), 0) AS mean_tokens_used
+        FROM context_calls WHERE project_id = %s
+        """,
+        (project_id,),
+    )
+    return await cur.fetchone()
