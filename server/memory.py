@@ -76,11 +76,16 @@ async def embed_texts(runtime: Runtime, texts: Sequence[str]) -> np.ndarray:
     """Embed passages in batches of EMBED_BATCH (each batch off the event loop)."""
     if not texts:
         return np.zeros((0, runtime.embedder.dimension), dtype=np.float32)
+    # A model batch is padded to its longest text: batching texts of similar length wastes less.
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    ordered = [texts[i] for i in order]
     parts = [
-        await runtime.embed_passages(texts[start : start + EMBED_BATCH])
-        for start in range(0, len(texts), EMBED_BATCH)
+        await runtime.embed_passages(ordered[start : start + EMBED_BATCH])
+        for start in range(0, len(ordered), EMBED_BATCH)
     ]
-    return np.vstack(parts)
+    vectors = np.empty((len(texts), parts[0].shape[1]), dtype=parts[0].dtype)
+    vectors[order] = np.vstack(parts)
+    return vectors
 
 
 def _plan(

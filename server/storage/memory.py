@@ -116,11 +116,14 @@ class NewFact:
     supersedes_fact_ids: tuple[uuid.UUID, ...]
 
 
-EVENT_COLUMNS = "id, project_id, subject_id, kind, payload, text, occurred_at, recorded_at"
+# What the API returns (never the embeddings), for tables aliased `e` and `f`.
+EVENT_COLUMNS = (
+    "e.id, e.project_id, e.subject_id, e.kind, e.payload, e.text, e.occurred_at, e.recorded_at"
+)
 FACT_COLUMNS = (
-    "id, project_id, subject_id, predicate, value, statement, confidence, status,"
-    " status_reason, superseded_by, valid_from, valid_to, recorded_from, recorded_to,"
-    " source_event_ids, stale_after"
+    "f.id, f.project_id, f.subject_id, f.predicate, f.value, f.statement, f.confidence,"
+    " f.status, f.status_reason, f.superseded_by, f.valid_from, f.valid_to, f.recorded_from,"
+    " f.recorded_to, f.source_event_ids, f.stale_after"
 )
 
 # --- as-of visibility --------------------------------------------------------------------------
@@ -153,7 +156,7 @@ async def database_now(conn: AsyncConnection) -> datetime:
 # --- events ----------------------------------------------------------------------------------
 
 _INSERT_EVENT = f"""
-INSERT INTO events (project_id, subject_id, kind, payload, text, occurred_at, idempotency_key,
+INSERT INTO events AS e (project_id, subject_id, kind, payload, text, occurred_at, idempotency_key,
                     embedding, embedding_model)
 VALUES (%s, %s, %s, %s, %s, coalesce(%s, now()), %s, %s, %s)
 ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -161,7 +164,7 @@ RETURNING {EVENT_COLUMNS}
 """
 
 _EVENTS_BY_KEYS = f"""
-SELECT e.idempotency_key AS key, {", ".join("e." + c.strip() for c in EVENT_COLUMNS.split(","))}
+SELECT e.idempotency_key AS key, {EVENT_COLUMNS}
 FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
 JOIN events e ON e.project_id = k.project_id AND e.idempotency_key = k.idempotency_key
 """
@@ -234,7 +237,7 @@ async def list_events(
     if before is not None:
         where += " AND (occurred_at, id) < (%(after_at)s, %(after_id)s)"
     sql = (
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE {where}"
+        f"SELECT {EVENT_COLUMNS} FROM events e WHERE {where}"
         " ORDER BY occurred_at DESC, id DESC LIMIT %(limit)s"
     )
     params = {
@@ -253,7 +256,7 @@ async def list_events(
 # --- facts -----------------------------------------------------------------------------------
 
 _INSERT_FACT = f"""
-INSERT INTO facts (project_id, subject_id, predicate, value, statement, confidence, valid_from,
+INSERT INTO facts AS f (project_id, subject_id, predicate, value, statement, confidence, valid_from,
                    valid_to, source_event_ids, stale_after, idempotency_key, embedding,
                    embedding_model)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::uuid[], %s, %s, %s, %s)
@@ -262,7 +265,7 @@ RETURNING {FACT_COLUMNS}
 """
 
 _FACTS_BY_KEYS = f"""
-SELECT f.idempotency_key AS key, {", ".join("f." + c.strip() for c in FACT_COLUMNS.split(","))}
+SELECT f.idempotency_key AS key, {FACT_COLUMNS}
 FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
 JOIN facts f ON f.project_id = k.project_id AND f.idempotency_key = k.idempotency_key
 """
@@ -316,7 +319,7 @@ async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -
     """One fact of a project (None when unknown there)."""
     cur = conn.cursor(row_factory=class_row(FactRow))
     await cur.execute(
-        f"SELECT {FACT_COLUMNS} FROM facts WHERE id = %s AND project_id = %s",
+        f"SELECT {FACT_COLUMNS} FROM facts f WHERE f.id = %s AND f.project_id = %s",
         (fact_id, project_id),
     )
     return await cur.fetchone()
@@ -346,7 +349,7 @@ SET status = 'superseded',
 FROM unnest(%s::uuid[], %s::uuid[]) AS s(old_id, new_id)
 JOIN facts n ON n.id = s.new_id
 WHERE f.id = s.old_id AND f.status = 'active'
-RETURNING {", ".join("f." + c.strip() for c in FACT_COLUMNS.split(","))}
+RETURNING {FACT_COLUMNS}
 """
 
 
@@ -377,8 +380,8 @@ async def retire_fact(
     history. None when no active fact of the project has this id."""
     cur = conn.cursor(row_factory=class_row(FactRow))
     await cur.execute(
-        "UPDATE facts SET status = 'retired', recorded_to = now(), status_reason = %s"
-        f" WHERE id = %s AND project_id = %s AND status = 'active' RETURNING {FACT_COLUMNS}",
+        "UPDATE facts AS f SET status = 'retired', recorded_to = now(), status_reason = %s"
+        f" WHERE f.id = %s AND f.project_id = %s AND f.status = 'active' RETURNING {FACT_COLUMNS}",
         (reason or None, fact_id, project_id),
     )
     return await cur.fetchone()
