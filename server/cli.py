@@ -90,7 +90,10 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
 
 # Modules that add subcommands: each has `register(commands)` adding parsers whose
 # `func(args, settings) -> int` runs the command.
-COMMAND_MODULES: tuple[str, ...] = ("satchel.server.commands.talents",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "satchel.server.commands.talents",
+    "satchel.server.commands.calibrate",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,6 +8,15 @@ import sys
 import structlog
 
 
+class _StderrLogger:
+    """Writes each rendered line to whatever `sys.stderr` is at that moment."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
     """Route structlog (and stdlib logging) to stderr in the chosen format."""
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
@@ -25,7 +34,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *args: _StderrLogger(),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)

@@ -472,3 +472,59 @@ async def test_packet_fact_carries_value_confidence_and_sources(
     assert abs(served.confidence - 0.8) < 1e-9
     assert served.valid_from.ToDatetime(tzinfo=UTC) == valid_from
     assert list(served.source_event_ids) == [event.event.id]
+
+
+async def _poll(condition, timeout: float = 15.0) -> bool:
+    """Wait until the async `condition()` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await condition():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_cancelled_stream_stops_its_database_work(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str, server
+) -> None:
+    import psycopg
+
+    await assert_facts(channel, project_id, CAROLINE[:2])
+    pool = server.runtime.value.pool
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as watcher:
+
+        async def waiting_inserts() -> int:
+            cur = await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'INSERT INTO context_calls%%'"
+            )
+            return (await cur.fetchone())[0]
+
+        async def inserting() -> bool:
+            return await waiting_inserts() > 0
+
+        async def not_inserting() -> bool:
+            return await waiting_inserts() == 0
+
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as locker:
+            # Hold the trace table: the call streams its decisions, then waits to persist.
+            await locker.execute("LOCK TABLE context_calls IN ACCESS EXCLUSIVE MODE")
+            call = context_stub(channel).StreamContext(
+                pb.StreamContextRequest(project_id=project_id, subject_id=SUBJECT, query="hi")
+            )
+            first = await call.read()
+            assert first.WhichOneof("event") == "decision"
+            assert await _poll(inserting), "the call never reached its trace insert"
+            call.cancel()
+            assert await _poll(not_inserting), "the query kept running after the cancel"
+            await locker.rollback()
+        cur = await watcher.execute(
+            "SELECT count(*) FROM context_calls WHERE trace_id = %s", (first.trace_id,)
+        )
+        assert (await cur.fetchone())[0] == 0, "a cancelled call persists nothing"
+
+    async def pool_idle() -> bool:
+        stats = pool.get_stats()
+        return stats["pool_available"] == stats["pool_size"]
+
+    assert await _poll(pool_idle), "the cancelled call kept a pooled connection"
