@@ -138,10 +138,9 @@ def _served_fact(row: dict[str, Any]) -> ServedFact:
     )
 
 
-def _trace_row(trace_id: uuid.UUID, decision: Decision) -> tuple[Any, ...]:
+def _trace_row(decision: Decision) -> tuple[Any, ...]:
     c = decision.candidate
     return (
-        trace_id,
         decision.sequence,
         uuid.UUID(c.id),
         c.kind,
@@ -245,5 +244,5 @@ async def assemble(
         total_ms=timer.total_ms(),
     )
     async with pool.connection() as conn:
-        await store.save_trace(conn, call, [_trace_row(trace_id, d) for d in packer.decisions])
+        await store.save_trace(conn, call, [_trace_row(d) for d in packer.decisions])
     yield packet

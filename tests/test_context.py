@@ -496,7 +496,7 @@ async def test_a_cancelled_stream_stops_its_database_work(
         async def waiting_inserts() -> int:
             cur = await watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'INSERT INTO context_calls%%'"
+                " AND query LIKE '%%INSERT INTO context_calls%%'"
             )
             return (await cur.fetchone())[0]
 

@@ -303,39 +303,35 @@ TRACE_COLUMNS = (
 )
 
 
+_SAVE_TRACE_SQL = f"""
+WITH call AS (
+    INSERT INTO context_calls (trace_id, project_id, subject_id, query, budget_tokens, as_of,
+        status, warnings, empty_reason, tokens_used, facts_served, episodes_served,
+        embed_ms, retrieve_ms, pack_ms, total_ms)
+    VALUES (%(trace_id)s, %(project_id)s, %(subject_id)s, %(query)s, %(budget_tokens)s,
+        %(as_of)s, %(status)s, %(warnings)s, %(empty_reason)s, %(tokens_used)s,
+        %(facts_served)s, %(episodes_served)s, %(embed_ms)s, %(retrieve_ms)s, %(pack_ms)s,
+        %(total_ms)s)
+    RETURNING trace_id
+)
+INSERT INTO context_traces ({", ".join(TRACE_COLUMNS)})
+SELECT call.trace_id, d.* FROM call, unnest(
+    %(sequence)s::int[], %(candidate_id)s::uuid[], %(candidate_kind)s::text[],
+    %(outcome)s::text[], %(reason_code)s::text[], %(score)s::float8[], %(similarity)s::float8[],
+    %(text_rank)s::float8[], %(recency)s::float8[], %(tokens)s::int[], %(budget_used)s::int[],
+    %(preview)s::text[]
+) AS d
+"""
+
+
 async def save_trace(
     conn: AsyncConnection, call: CallRecord, decision_rows: Sequence[Sequence[Any]]
 ) -> None:
-    """Persist a call and all its decisions (one COPY) in one transaction."""
-    async with conn.transaction():
-        await conn.execute(
-            "INSERT INTO context_calls (trace_id, project_id, subject_id, query, budget_tokens,"
-            " as_of, status, warnings, empty_reason, tokens_used, facts_served, episodes_served,"
-            " embed_ms, retrieve_ms, pack_ms, total_ms) VALUES"
-            " (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                call.trace_id,
-                call.project_id,
-                call.subject_id,
-                call.query,
-                call.budget_tokens,
-                call.as_of,
-                call.status,
-                call.warnings,
-                call.empty_reason,
-                call.tokens_used,
-                call.facts_served,
-                call.episodes_served,
-                call.embed_ms,
-                call.retrieve_ms,
-                call.pack_ms,
-                call.total_ms,
-            ),
-        )
-        cur = conn.cursor()
-        async with cur.copy(f"COPY context_traces ({', '.join(TRACE_COLUMNS)}) FROM STDIN") as copy:
-            for row in decision_rows:
-                await copy.write_row(row)
+    """Persist a call and all its decisions in one statement (one round trip)."""
+    params: dict[str, Any] = dict(call.__dict__)
+    columns = list(zip(*decision_rows, strict=True)) if decision_rows else [()] * 12
+    params.update(zip(TRACE_COLUMNS[1:], (list(c) for c in columns), strict=True))
+    await conn.execute(_SAVE_TRACE_SQL, params)
 
 
 async def load_trace(
