@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,6 +39,7 @@ from satchel.server.config import TalentSettings
 from satchel.server.domain.talent_graph import Finding, FindingCode, TalentNode, diagnose
 from satchel.server.domain.talent_graph import requires_closure as close_over_requires
 from satchel.server.domain.talent_selection import (
+    CentredSpace,
     Reason,
     ScorableTalent,
     ScoredTalent,
@@ -62,6 +64,9 @@ COMPILED_OPEN = "<satchel_talents>"
 COMPILED_CLOSE = "</satchel_talents>"
 OUT_OF_DOMAIN_TEXT = "No specific talent for this task."
 CACHE_ENTRIES = 20_000
+SPACE_ENTRIES = 64
+SNAPSHOT_ENTRIES = 256
+TASK_ENTRIES = 1024
 
 
 def model_defaults(model_id: str) -> tuple[float, float, float]:
@@ -113,7 +118,7 @@ def text_digest(passage_prefix: str, text: str) -> str:
     return hashlib.sha256((passage_prefix + text).encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ResolvedTalent:
     """One decision of a resolution; `required_by` names the talent whose edge pulled it in."""
 
@@ -183,7 +188,7 @@ def _discoverers(order: Iterable[str], graph: Mapping[str, TalentNode]) -> dict[
 
 def resolve_selection(
     candidates: Sequence[ScorableTalent],
-    talent_vectors: np.ndarray | None,
+    talent_vectors: np.ndarray | CentredSpace | None,
     task_vector: np.ndarray | None,
     task: str,
     *,
@@ -194,10 +199,10 @@ def resolve_selection(
 ) -> Resolution:
     """Select among candidates, close over hard edges, render. Pure.
 
-    `talent_vectors` row i belongs to `candidates[i]`; vectors may be None with relevance off
-    (order by stem hits only). `graph` holds the edges of the project's active talents and
-    `servable` every active talent (candidates are always servable); the closure adds only
-    servable talents.
+    `talent_vectors` row i belongs to `candidates[i]` (or their precomputed `CentredSpace`);
+    vectors may be None with relevance off (order by stem hits only). `graph` holds the edges
+    of the project's active talents and `servable` every active talent (candidates are always
+    servable); the closure adds only servable talents.
     """
     graph = graph or {}
     by_id = {talent.id: talent for talent in candidates}
@@ -280,6 +285,33 @@ class _Prepared:
     digest: str
 
 
+@dataclass
+class _Snapshot:
+    """A project's active talents at one version, with their graph and candidates per role."""
+
+    version: str
+    refs: list[TalentRef]
+    prepared: dict[str, _Prepared]
+    graph: dict[str, TalentNode]
+    servable: dict[str, ScorableTalent]
+    by_role: dict[str, list[_Prepared]]
+
+    def candidates(self, role: str) -> list[_Prepared]:
+        """Active talents whose roles are empty or contain `role`, by id."""
+        found = self.by_role.get(role)
+        if found is None:
+            found = sorted(
+                (
+                    self.prepared[ref.id]
+                    for ref in self.refs
+                    if ref.id in self.prepared and is_candidate(ref.roles, role)
+                ),
+                key=lambda p: p.talent.id,
+            )
+            self.by_role[role] = found
+        return found
+
+
 class TalentService:
     """The catalogue, activations, ResolveTalents and the doctor over one Runtime.
 
@@ -296,6 +328,9 @@ class TalentService:
         )
         self._prepared: _Lru = _Lru(CACHE_ENTRIES)
         self._vectors: _Lru = _Lru(CACHE_ENTRIES)
+        self._spaces: _Lru = _Lru(SPACE_ENTRIES)
+        self._tasks: _Lru = _Lru(TASK_ENTRIES)
+        self._snapshots: _Lru = _Lru(SNAPSHOT_ENTRIES)
         self._roles_seen: set[tuple[str, str]] = set()
 
     # --- catalogue ------------------------------------------------------------------------
@@ -348,38 +383,70 @@ class TalentService:
         self, project_id: str, role: str, task: str, *, relevance: bool, params: SelectionParams
     ) -> Resolution:
         """Select the talents an agent of `role` receives on `project_id` for `task`."""
-        # The task is embedded while the database is read.
+        # The task is embedded while the database is read (agents often repeat a task: the
+        # last TASK_ENTRIES task vectors are kept).
+        cached_task = self._tasks.lookup(task) if task.strip() else None
         task_embedding = (
-            asyncio.ensure_future(self.runtime.embed_query(task)) if task.strip() else None
+            asyncio.ensure_future(self.runtime.embed_query(task))
+            if task.strip() and cached_task is None
+            else None
         )
         try:
-            async with self.runtime.pool.connection() as conn:
-                refs = await storage.talent_refs(conn, project_id)
-                prepared = await self._prepared_talents(conn, refs)
-                candidates = [
-                    prepared[ref.id]
-                    for ref in refs
-                    if ref.id in prepared and is_candidate(ref.roles, role)
-                ]
-                candidates.sort(key=lambda p: p.talent.id)
-                vectors = await self._vectors_for(conn, candidates) if task_embedding else None
+            async with self._reading() as conn:
+                snapshot = await self._snapshot(conn, project_id)
+                candidates = snapshot.candidates(role)
+                wants_vectors = task_embedding is not None or cached_task is not None
+                space = await self._space_for(conn, candidates) if wants_vectors else None
                 if role and (project_id, role) not in self._roles_seen:
                     await storage.record_role(conn, project_id, role)
                     self._roles_seen.add((project_id, role))
-            task_vector = await task_embedding if task_embedding else None
+            task_vector = cached_task
+            if task_embedding is not None:
+                task_vector = await task_embedding
+                self._tasks.put(task, task_vector)
         finally:
             if task_embedding is not None and not task_embedding.done():
                 task_embedding.cancel()
         return resolve_selection(
             [p.talent for p in candidates],
-            vectors,
-            task_vector,
+            space,
+            task_vector,  # type: ignore[arg-type]
             task,
             relevance=relevance,
             params=params,
+            graph=snapshot.graph,
+            servable=snapshot.servable,
+        )
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection in autocommit: single statements, no BEGIN/COMMIT round trips."""
+        async with self.runtime.pool.connection() as conn:
+            await conn.set_autocommit(True)
+            try:
+                yield conn
+            finally:
+                await conn.set_autocommit(False)
+
+    async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:
+        """The project's active talents, re-read only when their version changed."""
+        version = await storage.active_version(conn, project_id)
+        snapshot = self._snapshots.lookup(project_id)
+        if snapshot is not None and snapshot.version == version:  # type: ignore[attr-defined]
+            return snapshot  # type: ignore[return-value]
+        # Read after the version: at worst newer than it, and refreshed on the next call.
+        refs = await storage.talent_refs(conn, project_id)
+        prepared = await self._prepared_talents(conn, refs)
+        fresh = _Snapshot(
+            version=version,
+            refs=refs,
+            prepared=prepared,
             graph={ref.id: graph_node(ref) for ref in refs},
             servable={talent_id: p.talent for talent_id, p in prepared.items()},
+            by_role={},
         )
+        self._snapshots.put(project_id, fresh)
+        return fresh
 
     def _prepare(self, record: TalentRecord) -> _Prepared:
         talent = scorable(record)
@@ -404,6 +471,15 @@ class TalentService:
                 found[record.id] = prepared
         # A talent updated between the two reads is served in its newer version.
         return found
+
+    async def _space_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> CentredSpace:
+        """The centred space of a candidate set, computed once per set of contents."""
+        key = tuple(p.digest for p in talents)
+        space = self._spaces.lookup(key)
+        if space is None:
+            space = CentredSpace.of(await self._vectors_for(conn, talents))
+            self._spaces.put(key, space)
+        return space  # type: ignore[return-value]
 
     async def _vectors_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> np.ndarray:
         """Vectors of these talents (row i = talents[i]): memory, then database, then model."""

@@ -169,11 +169,11 @@ class TalentFile:
         )
 
 
-def parse_talent_file(path: Path, root: Path) -> TalentFile:
-    """Read one talent file. Front matter: `id`, `name`, `description` (the summary), the list
-    fields of a talent, and for `.mdc` rules `globs` (added to the triggers). The name falls
-    back to the body's first `# heading`, then to the id's last part."""
-    meta, body = parse_front_matter(path.read_text(encoding="utf-8"))
+def talent_from_text(text: str, path: Path, root: Path) -> TalentFile:
+    """Read a talent file's text. Front matter: `id`, `name`, `description` (the summary), the
+    list fields of a talent, and for `.mdc` rules `globs` (added to the triggers). The name
+    falls back to the body's first `# heading`, then to the id's last part."""
+    meta, body = parse_front_matter(text)
     talent_id = str(meta.get("id") or talent_id_for(path, root))
     heading = _HEADING.search(body)
     name = str(meta.get("name") or meta.get("title") or "").strip()
@@ -189,6 +189,11 @@ def parse_talent_file(path: Path, root: Path) -> TalentFile:
         body=body,
         lists={key: values for key, values in lists.items() if values},
     )
+
+
+def parse_talent_file(path: Path, root: Path) -> TalentFile:
+    """Read one talent file under `root` (see `talent_from_text`)."""
+    return talent_from_text(path.read_text(encoding="utf-8"), path, root)
 
 
 def talent_files(root: Path) -> Iterator[Path]:

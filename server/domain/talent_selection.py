@@ -158,23 +158,47 @@ class SelectionResult:
         return [talent.id for talent in self.kept]
 
 
+@dataclass(frozen=True, eq=False)
+class CentredSpace:
+    """The candidates' side of centring, computed once per candidate set: their mean `mu` and
+    their centred, normalised vectors. Reusing it across tasks gives the same similarities as
+    `centred_similarities` without recentring the candidates on every call."""
+
+    mu: np.ndarray
+    centred: np.ndarray
+
+    @classmethod
+    def of(cls, talent_vectors: np.ndarray) -> CentredSpace:
+        """Centre talent vectors of shape (n, d)."""
+        vectors = np.asarray(talent_vectors, dtype=np.float64)
+        if vectors.ndim != 2:
+            raise ValueError(f"talent_vectors must be 2-D, got shape {vectors.shape}")
+        if len(vectors) == 0:
+            return cls(np.zeros(vectors.shape[1]), vectors)
+        mu = vectors.mean(axis=0)
+        return cls(mu, _normalize_rows(vectors - mu))
+
+    def __len__(self) -> int:
+        return len(self.centred)
+
+    def similarities(self, task_vector: np.ndarray) -> np.ndarray:
+        """cos(normalize(task - mu), centred_i) for every candidate; (n,) float64."""
+        task = np.asarray(task_vector, dtype=np.float64).reshape(-1)
+        if len(self.centred) == 0:
+            return np.zeros(0)
+        if task.shape[0] != self.centred.shape[1]:
+            dims = self.centred.shape[1]
+            raise ValueError(f"task vector has {task.shape[0]} dims, talents have {dims}")
+        centred_task = _normalize_rows((task - self.mu)[np.newaxis, :])[0]
+        return np.clip(self.centred @ centred_task, -1.0, 1.0)
+
+
 def centred_similarities(talent_vectors: np.ndarray, task_vector: np.ndarray) -> np.ndarray:
     """cos(normalize(task - mu), normalize(v_i - mu)) with mu the mean of the talent vectors.
 
     Zero-norm centred vectors give 0.0. Shapes: (n, d) and (d,); returns (n,) float64.
     """
-    vectors = np.asarray(talent_vectors, dtype=np.float64)
-    task = np.asarray(task_vector, dtype=np.float64).reshape(-1)
-    if vectors.ndim != 2:
-        raise ValueError(f"talent_vectors must be 2-D, got shape {vectors.shape}")
-    if len(vectors) == 0:
-        return np.zeros(0)
-    if task.shape[0] != vectors.shape[1]:
-        raise ValueError(f"task vector has {task.shape[0]} dims, talents have {vectors.shape[1]}")
-    mu = vectors.mean(axis=0)
-    centred = _normalize_rows(vectors - mu)
-    centred_task = _normalize_rows((task - mu)[np.newaxis, :])[0]
-    return np.clip(centred @ centred_task, -1.0, 1.0)
+    return CentredSpace.of(talent_vectors).similarities(task_vector)
 
 
 def _normalize_rows(matrix: np.ndarray) -> np.ndarray:
@@ -186,7 +210,7 @@ def _normalize_rows(matrix: np.ndarray) -> np.ndarray:
 
 def _score(
     candidates: Sequence[ScorableTalent],
-    talent_vectors: np.ndarray | None,
+    talent_vectors: np.ndarray | CentredSpace | None,
     task_vector: np.ndarray | None,
     task_stems: Set[str],
     beta: float,
@@ -197,7 +221,12 @@ def _score(
     else:
         if len(talent_vectors) != len(candidates):
             raise ValueError(f"{len(talent_vectors)} vectors for {len(candidates)} candidates")
-        similarity = centred_similarities(talent_vectors, task_vector)
+        space = (
+            talent_vectors
+            if isinstance(talent_vectors, CentredSpace)
+            else CentredSpace.of(talent_vectors)
+        )
+        similarity = space.similarities(task_vector)
     rows = []
     for talent, sim in zip(candidates, similarity.tolist(), strict=True):
         hits = len(talent.stems & task_stems)
@@ -213,12 +242,15 @@ def _decision(row: tuple[ScorableTalent, float, float, int], reason: Reason) -> 
 
 def select(
     candidates: Sequence[ScorableTalent],
-    talent_vectors: np.ndarray,
+    talent_vectors: np.ndarray | CentredSpace,
     task_vector: np.ndarray,
     task_stems: Set[str],
     params: SelectionParams | None = None,
 ) -> SelectionResult:
-    """Relevance on: gate, margin cut and budget over the candidates (row i of vectors = i)."""
+    """Relevance on: gate, margin cut and budget over the candidates (row i of vectors = i).
+
+    `talent_vectors` may be a precomputed `CentredSpace` of the same candidates.
+    """
     params = params or SelectionParams()
     if not candidates:
         return SelectionResult(kept=(), excluded=(), note=NOTE_NO_CANDIDATES)
@@ -254,7 +286,7 @@ def select(
 def order_without_relevance(
     candidates: Sequence[ScorableTalent],
     task_stems: Set[str] = frozenset(),
-    talent_vectors: np.ndarray | None = None,
+    talent_vectors: np.ndarray | CentredSpace | None = None,
     task_vector: np.ndarray | None = None,
     beta: float = SelectionParams.beta,
 ) -> SelectionResult:

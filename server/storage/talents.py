@@ -212,6 +212,23 @@ async def talent_refs(conn: AsyncConnection, project_id: str | None = None) -> l
     ]
 
 
+async def active_version(conn: AsyncConnection, project_id: str) -> str:
+    """A digest of a project's active set: changes whenever a talent is activated, deactivated
+    or, while active, upserted (every upsert moves `updated_at`). One row, cheap to read."""
+    cur = await conn.execute(
+        """
+        SELECT count(*)::text || ':' || coalesce(
+            md5(string_agg(t.id || '@' || t.updated_at::text, ',' ORDER BY t.id)), '')
+        FROM talent_activations a JOIN talents t ON t.id = a.talent_id
+        WHERE a.project_id = %s AND a.active
+        """,
+        (project_id,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 async def cached_vectors(
     conn: AsyncConnection, text_hashes: Sequence[str], model_id: str
 ) -> dict[str, np.ndarray]:

@@ -1,0 +1,198 @@
+"""`satchel talents …` and `satchel doctor` against the in-process server, as subprocesses
+(run in a thread: the server shares this test's event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+from talent_helpers import stub
+
+from satchel.v1 import talent_pb2
+
+SATCHEL = str(Path(sys.executable).parent / "satchel")
+
+
+async def satchel(*args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, [SATCHEL, *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def write(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def talent_directory(root: Path, project_id: str) -> None:
+    """A skill, a cursor rule, a front-matter note and a README that is not a talent."""
+    write(
+        root,
+        f"{project_id}/architecture/hexagonal/SKILL.md",
+        f"""---
+name: Hexagonal architecture
+description: Ports and adapters; the domain depends on nothing external.
+tags: [architecture, hexagonal]
+triggers:
+  - use case
+requires: [{project_id}.architecture.ghost]
+---
+# Hexagonal
+
+Keep the domain pure.
+""",
+    )
+    write(
+        root,
+        f"{project_id}/rules/docker.mdc",
+        """---
+description: Docker production rules, multi-stage builds and non-root users
+globs: Dockerfile, **/*.{yml,yaml}
+alwaysApply: false
+---
+# Docker rules
+
+Pin base image versions. Run as a non-root user.
+""",
+    )
+    write(
+        root,
+        f"{project_id}/notes/testing.md",
+        "---\nname: Unit testing\ndescription: Fast unit tests with pytest\n"
+        "roles: [backend]\n---\nArrange, act, assert.\n",
+    )
+    write(root, f"{project_id}/README.md", "# Not a talent\n")
+
+
+async def test_import_then_list_resolve_and_doctor(
+    channel: grpc.aio.Channel, address: str, project_id: str, tmp_path: Path
+) -> None:
+    talent_directory(tmp_path, project_id)
+    hexagonal = f"{project_id}.architecture.hexagonal"
+    docker = f"{project_id}.rules.docker"
+    testing = f"{project_id}.notes.testing"
+
+    result = await satchel(
+        "talents", "import", str(tmp_path), "--project", project_id, "--activate",
+        "--address", address,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        f"[1/3] {project_id}/architecture/hexagonal/SKILL.md: created {hexagonal} (active)"
+    )
+    assert lines[-1] == (f"imported 3 talent(s): 3 created, 0 updated, 3 activated on {project_id}")
+    again = await satchel("talents", "import", str(tmp_path), "--address", address)
+    assert again.returncode == 0
+    assert again.stdout.splitlines()[-1] == "imported 3 talent(s): 0 created, 3 updated"
+
+    listed = await stub(channel).ListTalents(
+        talent_pb2.ListTalentsRequest(project_id=project_id, active_only=True)
+    )
+    by_id = {t.id: t for t in listed.talents}
+    assert set(by_id) == {hexagonal, docker, testing}
+    assert by_id[hexagonal].name == "Hexagonal architecture"
+    assert list(by_id[hexagonal].tags) == ["architecture", "hexagonal"]
+    assert list(by_id[hexagonal].requires) == [f"{project_id}.architecture.ghost"]
+    assert by_id[hexagonal].body.startswith("# Hexagonal")
+    assert by_id[docker].name == "Docker rules"
+    assert list(by_id[docker].triggers) == ["Dockerfile", "**/*.{yml,yaml}"]
+    assert list(by_id[testing].roles) == ["backend"]
+
+    task = "Write a multi-stage Dockerfile that runs as a non-root user"
+    resolved = await satchel(
+        "talents", "resolve", "--project", project_id, "--role", "frontend", "--task", task,
+        "--relevance", "embeddings", "--json", "--address", address,
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr
+    selection = json.loads(resolved.stdout)
+    assert selection["relevance"] == "RELEVANCE_MODE_EMBEDDINGS"
+    assert selection["selected"][0]["talent_id"] == docker
+    assert selection["selected"][0]["reason"] == "relevance"
+    decided = {t["talent_id"] for t in selection["selected"] + selection["excluded"]}
+    assert testing not in decided  # role backend only
+    assert selection["params"]["budget_tokens"] == 2000
+    assert selection["compiled"].startswith("<satchel_talents>\n## Docker rules")
+
+    human = await satchel(
+        "talents", "resolve", "--project", project_id, "--task", task, "--address", address
+    )
+    assert human.returncode == 0
+    assert human.stdout.startswith("relevance off")
+    assert f"+ {docker}" in human.stdout and "relevance_off" in human.stdout
+
+    compiled = await satchel(
+        "talents", "resolve", "--project", project_id, "--task", task, "--compiled",
+        "--relevance", "embeddings", "--address", address,
+    )  # fmt: skip
+    assert compiled.stdout.strip() == selection["compiled"]
+
+    doctor = await satchel("doctor", "--project", project_id, "--json", "--address", address)
+    assert doctor.returncode == 1  # findings
+    report = json.loads(doctor.stdout)
+    assert report["roles_known"] == ["frontend"]  # recorded by the resolve above
+    assert report["findings"] == [
+        {
+            "code": "unknown_edge_target",
+            "talent_id": hexagonal,
+            "detail": f"requires {project_id}.architecture.ghost",
+        },
+        {
+            "code": "unreachable_by_role",
+            "talent_id": testing,
+            "detail": "roles ['backend'] match none of ['frontend']",
+        },
+    ]
+
+    doctor_text = await satchel(
+        "doctor", "--project", project_id, "--role", "backend", "--address", address
+    )
+    assert doctor_text.returncode == 1
+    assert "roles backend, frontend" in doctor_text.stdout
+    assert "unknown_edge_target" in doctor_text.stdout and "1 finding(s)" in doctor_text.stdout
+
+    listing = await satchel("talents", "list", "--project", project_id, "--address", address)
+    assert f"* {docker}  Docker rules" in listing.stdout
+    as_json = await satchel(
+        "talents", "list", "--project", project_id, "--active-only", "--json",
+        "--address", address,
+    )  # fmt: skip
+    assert sorted(json.loads(as_json.stdout)["active_talent_ids"]) == sorted(by_id)
+
+
+async def test_import_reports_broken_files_and_goes_on(
+    address: str, project_id: str, tmp_path: Path
+) -> None:
+    write(tmp_path, f"{project_id}/good/SKILL.md", "---\nname: Good\n---\nFine.\n")
+    write(tmp_path, f"{project_id}/broken/SKILL.md", "---\nname: Broken\nno closing line\n")
+    write(tmp_path, f"{project_id}/self.md", f"---\nrequires: [{project_id}.self]\n---\nLoop.\n")
+    result = await satchel("talents", "import", str(tmp_path), "--address", address)
+    assert result.returncode == 1
+    out = result.stdout
+    assert "broken/SKILL.md: skipped: front matter has no closing '---' line" in out
+    assert f"created {project_id}.good" in out
+    assert "self.md: failed: INVALID_ARGUMENT" in out and "talent.requires" in out
+    assert out.splitlines()[-1] == "imported 1 talent(s): 1 created, 0 updated, 2 failed"
+
+
+async def test_cli_usage_and_server_errors(address: str, project_id: str, tmp_path: Path) -> None:
+    no_project = await satchel("talents", "import", str(tmp_path), "--activate")
+    assert no_project.returncode == 2 and "--activate needs --project" in no_project.stderr
+    unknown = await satchel(
+        "talents", "activate", "--project", project_id, f"{project_id}.nobody",
+        "--address", address,
+    )  # fmt: skip
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    bad = await satchel(
+        "talents", "resolve", "--project", project_id, "--task", "x", "--budget", "0",
+        "--address", address,
+    )  # fmt: skip
+    assert bad.returncode == 1
+    assert "INVALID_ARGUMENT" in bad.stderr and "budget_tokens: must be in" in bad.stderr
+    clean = await satchel("doctor", "--project", project_id, "--address", address)
+    assert clean.returncode == 0 and clean.stdout.splitlines()[-1] == "no findings"

@@ -1,0 +1,121 @@
+"""Unit tests of the talent file reader behind `satchel talents import`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from satchel.server.commands.talents import (
+    FrontMatterError,
+    parse_front_matter,
+    parse_talent_file,
+    talent_files,
+    talent_from_text,
+    talent_id_for,
+)
+
+ROOT = Path("/catalogue")
+
+
+def test_front_matter_scalars_lists_and_blocks() -> None:
+    text = """---
+name: "Hexagonal: the rule"
+description: 'It''s about ports'
+tags: [architecture, "hexagonal"]
+triggers:
+  - use case
+  - "application service"
+summary: |
+  first line
+  second line
+folded: >-
+  one
+  two
+metadata:
+  author: someone
+# a comment
+empty:
+---
+# Heading
+
+Body text.
+"""
+    meta, body = parse_front_matter(text)
+    assert meta["name"] == "Hexagonal: the rule"
+    assert meta["description"] == "It's about ports"
+    assert meta["tags"] == ["architecture", "hexagonal"]
+    assert meta["triggers"] == ["use case", "application service"]
+    assert meta["summary"] == "first line\nsecond line"
+    assert meta["folded"] == "one two"
+    assert meta["metadata"] == "" and meta["empty"] == ""
+    assert body == "# Heading\n\nBody text."
+
+
+def test_no_front_matter_and_unclosed_front_matter() -> None:
+    assert parse_front_matter("# Just a body\n") == ({}, "# Just a body")
+    with pytest.raises(FrontMatterError):
+        parse_front_matter("---\nname: x\nno end\n")
+    with pytest.raises(FrontMatterError):
+        parse_front_matter("---\n: no key\n---\n")
+
+
+def test_ids_derive_from_paths() -> None:
+    assert talent_id_for(ROOT / "architecture/hexagonal/SKILL.md", ROOT) == (
+        "architecture.hexagonal"
+    )
+    assert talent_id_for(ROOT / "rules/Docker Rules.mdc", ROOT) == "rules.docker-rules"
+    assert talent_id_for(ROOT / "notes.md", ROOT) == "notes"
+    assert talent_id_for(ROOT / "SKILL.md", ROOT) == "catalogue"
+
+
+def test_mdc_rule_globs_become_triggers_and_name_falls_back_to_heading() -> None:
+    text = (
+        "---\ndescription: Docker production rules\n"
+        "globs: Dockerfile, **/*.{yml,yaml}, docker-compose.yml\nalwaysApply: false\n---\n"
+        "# Docker rules\n\nPin versions."
+    )
+    talent = talent_from_text(text, ROOT / "rules" / "docker.mdc", ROOT)
+    assert talent.id == "rules.docker"
+    assert talent.name == "Docker rules"
+    assert talent.summary == "Docker production rules"
+    assert talent.lists["triggers"] == ["Dockerfile", "**/*.{yml,yaml}", "docker-compose.yml"]
+    assert talent.body == "# Docker rules\n\nPin versions."
+    message = talent.message()
+    assert message.id == "rules.docker" and list(message.triggers) == talent.lists["triggers"]
+
+
+def test_skill_front_matter_fields_and_explicit_id(tmp_path: Path) -> None:
+    skill = tmp_path / "architecture" / "hexagonal" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(
+        "---\nname: Hexagonal architecture\ndescription: Ports and adapters\n"
+        "roles: backend, reviewer\nrequires: [architecture.dependency-rule]\n"
+        "task_types:\n  - feature\n---\nKeep the domain pure.\n"
+    )
+    talent = parse_talent_file(skill, tmp_path)
+    assert talent.id == "architecture.hexagonal"
+    assert talent.lists == {
+        "roles": ["backend", "reviewer"],
+        "requires": ["architecture.dependency-rule"],
+        "task_types": ["feature"],
+    }
+    renamed = talent_from_text("---\nid: custom.id\n---\nbody", skill, tmp_path)
+    assert renamed.id == "custom.id" and renamed.name == "id"
+
+
+def test_talent_files_finds_skills_rules_and_front_matter_markdown(tmp_path: Path) -> None:
+    files = {
+        "a/SKILL.md": "---\nname: a\n---\n",
+        "rules/r.mdc": "---\ndescription: r\n---\n",
+        "notes/with.md": "---\nname: with\n---\n",
+        "notes/README.md": "# no front matter\n",
+        ".git/hidden/SKILL.md": "---\nname: hidden\n---\n",
+        "other.txt": "---\n",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    found = [p.relative_to(tmp_path).as_posix() for p in talent_files(tmp_path)]
+    assert found == ["a/SKILL.md", "notes/with.md", "rules/r.mdc"]
