@@ -22,6 +22,8 @@ from psycopg.rows import dict_row
 from satchel.server.config import ContextSettings
 from satchel.server.storage.memory import FACT_VISIBLE_AT
 
+MULTI_HOP_SCAN_LIMIT = 256
+
 
 @dataclass(frozen=True)
 class Scope:
@@ -111,19 +113,27 @@ scored AS (SELECT {columns} FROM facts f, q WHERE {visible})
 SELECT *, {score} AS score FROM scored ORDER BY score DESC, id LIMIT %(candidate_limit)s
 """
 
+# Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
+# query's vector is reused: no new embedding), then the usual scoring of those few. An entity
+# found in very many facts is searched among its first `hop_scan_limit` matches only, which
+# bounds the cost of a common name (a documented trade-off, like phase 1's K).
 _MULTI_HOP_SQL = """
-WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq)
-SELECT hop.* FROM unnest(%(entities)s::text[]) AS e(entity)
-CROSS JOIN LATERAL (
-    SELECT *, {score} AS score FROM (
-        SELECT {columns} FROM facts f, q
-        WHERE {visible}
-          AND f.search_vector @@ plainto_tsquery('simple', e.entity)
-          AND NOT (f.id = ANY(%(exclude)s::uuid[]))
-        ORDER BY ts_rank_cd(f.search_vector, plainto_tsquery('simple', e.entity)) DESC, f.id
-        LIMIT %(per_entity)s
-    ) s
-) hop
+WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+hop AS (
+    SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
+    CROSS JOIN LATERAL (
+        SELECT m.id FROM (
+            SELECT f.id, f.embedding FROM facts f
+            WHERE {visible}
+              AND f.search_vector @@ plainto_tsquery('simple', e.entity)
+              AND NOT (f.id = ANY(%(exclude)s::uuid[]))
+            LIMIT %(hop_scan_limit)s
+        ) m
+        ORDER BY m.embedding <=> %(vector)s LIMIT %(per_entity)s
+    ) h
+),
+scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q)
+SELECT scored.*, {score} AS score FROM scored ORDER BY score DESC, id
 """
 
 _EPISODES_SQL = """
@@ -166,6 +176,7 @@ def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) 
         "w_text_rank": cfg.weight_text_rank,
         "w_recency": cfg.weight_recency,
         "per_entity": cfg.multi_hop_max_per_entity,
+        "hop_scan_limit": MULTI_HOP_SCAN_LIMIT,
     }
 
 
@@ -244,7 +255,7 @@ async def fetch_multi_hop(
     entities: Sequence[str],
     exclude_ids: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """Facts mentioning each entity (full-text only, no new embedding), best-ranked first."""
+    """Facts sharing an entity with the retained ones (no new embedding), best first."""
     params = _params(scope, query, vector, cfg)
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
