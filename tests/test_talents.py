@@ -46,6 +46,7 @@ async def seed_catalogue(channel: grpc.aio.Channel, project_id: str) -> dict[str
         triggers=["use case", "application service"],
         task_types=["feature"],
         requires=[ids[k] for k in ("dependency-rule", "use-case", "port-adapter", "value-object")],
+        recommends=[ids["css"]],  # soft: never pulled in by the closure
     )
     await upsert(
         talents,
@@ -304,7 +305,7 @@ async def test_seed_example_closure_readds_hard_requirements(
     assert why[ids["use-case"]] == "relevance"
     for short in ("dependency-rule", "port-adapter", "value-object"):
         assert why[ids[short]] == "requires_closure", short
-    for short in ("css", "sql", "testing"):
+    for short in ("css", "sql", "testing"):  # css is recommended by hexagonal: still cut
         assert why[ids[short]] == "below_margin", short
     selected = {t.talent_id: t for t in selection.selected}
     top = selection.selected[0].score

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from satchel.server.config import TalentSettings
+from satchel.server.config import ConfigError, Settings, TalentSettings
 from satchel.server.domain.talent_selection import (
     CentredSpace,
     SelectionParams,
@@ -17,6 +19,7 @@ from satchel.server.talents import (
     MODEL_DEFAULTS,
     OUT_OF_DOMAIN_TEXT,
     SEED_DEFAULTS,
+    TalentService,
     default_params,
     graph_node,
     is_candidate,
@@ -157,3 +160,40 @@ def test_a_reused_centred_space_gives_the_same_selection() -> None:
         )
         assert with_space == with_array
     assert len(space) == len(candidates)
+
+
+def test_server_settings_reach_the_service() -> None:
+    settings = Settings.from_env(
+        {
+            "SATCHEL_TALENT_RELEVANCE": "embeddings",
+            "SATCHEL_TALENT_MARGIN": "0.4",
+            "SATCHEL_TALENT_BUDGET_TOKENS": "500",
+            "SATCHEL_TALENT_ROLES": "backend, reviewer,,",
+        }
+    )
+    runtime = SimpleNamespace(settings=settings, embedder=FakeEmbedder())
+    service = TalentService(runtime)  # type: ignore[arg-type]
+    assert service.default_relevance()
+    assert service.configured_roles == ("backend", "reviewer")
+    floor, beta, _ = SEED_DEFAULTS  # the fake model has no calibrated values
+    assert service.defaults == SelectionParams(floor, beta, 0.4, 500)
+    assert service.params(floor=0.3, budget_tokens=7) == SelectionParams(0.3, beta, 0.4, 7)
+    assert not TalentService(
+        SimpleNamespace(settings=Settings.from_env({}), embedder=FakeEmbedder())  # type: ignore[arg-type]
+    ).default_relevance()
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("SATCHEL_TALENT_RELEVANCE", "sometimes"),
+        ("SATCHEL_TALENT_BETA", "-0.1"),
+        ("SATCHEL_TALENT_MARGIN", "nan"),
+        ("SATCHEL_TALENT_FLOOR", "2"),
+        ("SATCHEL_TALENT_FLOOR", "high"),
+        ("SATCHEL_TALENT_BUDGET_TOKENS", "0"),
+    ],
+)
+def test_bad_talent_settings_stop_the_server(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
