@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import numpy as np
@@ -220,7 +222,9 @@ async def test_assert_fact_same_predicate_twice_keeps_both_active(
     assert [json_format.MessageToDict(f.value) for f in listed.facts] == ["fr", "en"]
 
 
-async def test_assert_fact_idempotency(channel: grpc.aio.Channel, project_id: str, pg_dsn: str):
+async def test_assert_fact_idempotency(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str
+) -> None:
     api = stub(channel)
     first = await api.AssertFact(fact_request(project_id, idempotency_key="k1", value="fr"))
     again = await api.AssertFact(fact_request(project_id, idempotency_key="k1", value="de"))
@@ -313,7 +317,7 @@ async def test_supersede_fact_rpc(channel: grpc.aio.Channel, project_id: str) ->
     assert reply.fact.superseded_by == b.id
     assert reply.fact.HasField("valid_to")
 
-    def supersede(fact_id: str, by: str, project: str = project_id):
+    def supersede(fact_id: str, by: str, project: str = project_id) -> Awaitable[Any]:
         return api.SupersedeFact(
             memory_pb2.SupersedeFactRequest(
                 project_id=project, fact_id=fact_id, superseded_by_fact_id=by
@@ -407,7 +411,9 @@ async def test_list_facts_pages(channel: grpc.aio.Channel, project_id: str) -> N
     assert len(default.facts) == 26
 
 
-async def test_page_token_is_bound_to_its_listing(channel: grpc.aio.Channel, project_id: str):
+async def test_page_token_is_bound_to_its_listing(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
     api = stub(channel)
     await api.BatchAssertFacts(
         memory_pb2.BatchAssertFactsRequest(
@@ -454,7 +460,7 @@ async def test_page_token_is_bound_to_its_listing(channel: grpc.aio.Channel, pro
 # --- conflicts -------------------------------------------------------------------------------
 
 
-async def test_conflict_lifecycle(channel: grpc.aio.Channel, project_id: str, pg_dsn: str):
+async def test_conflict_lifecycle(channel: grpc.aio.Channel, project_id: str, pg_dsn: str) -> None:
     api = stub(channel)
     paris = (await api.AssertFact(fact_request(project_id, predicate="city", value="Paris"))).fact
     lyon = (await api.AssertFact(fact_request(project_id, predicate="city", value="Lyon"))).fact
@@ -572,12 +578,14 @@ async def test_conflict_lifecycle(channel: grpc.aio.Channel, project_id: str, pg
     assert fields_of(violations) == ["fact_ids[0]", "fact_ids[1]"]
 
 
-async def test_open_conflict_checks(channel: grpc.aio.Channel, project_id: str, pg_dsn: str):
+async def test_open_conflict_checks(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str
+) -> None:
     api = stub(channel)
     a = (await api.AssertFact(fact_request(project_id, value="a"))).fact
     b = (await api.AssertFact(fact_request(project_id, "user-2", value="b"))).fact
 
-    def open_(*ids: str, subject: str = "user-1"):
+    def open_(*ids: str, subject: str = "user-1") -> Awaitable[Any]:
         return api.OpenConflict(
             memory_pb2.OpenConflictRequest(project_id=project_id, subject_id=subject, fact_ids=ids)
         )

@@ -9,7 +9,7 @@ import grpc
 from google.protobuf import json_format, timestamp_pb2
 from memory_helpers import fact_request, stub
 
-from satchel.v1 import memory_pb2
+from satchel.v1 import memory_pb2, memory_pb2_grpc
 
 MICRO = timedelta(microseconds=1)
 
@@ -25,7 +25,11 @@ def when(message: timestamp_pb2.Timestamp) -> datetime:
 
 
 async def values_as_of(
-    api, project_id: str, at: datetime | None, *, include_inactive: bool = False
+    api: memory_pb2_grpc.MemoryServiceStub,
+    project_id: str,
+    at: datetime | None,
+    *,
+    include_inactive: bool = False,
 ) -> list[object]:
     request = memory_pb2.ListFactsRequest(
         project_id=project_id, subject_id="user-1", include_inactive=include_inactive

@@ -79,7 +79,12 @@ EVENT_CASES: list[tuple[str, Callable[[str], memory_pb2.RecordEventRequest], lis
 
 @pytest.mark.parametrize(("case", "build", "fields"), EVENT_CASES, ids=[c[0] for c in EVENT_CASES])
 async def test_record_event_rejects(
-    channel: grpc.aio.Channel, project_id: str, pg_dsn: str, case: str, build, fields: list[str]
+    channel: grpc.aio.Channel,
+    project_id: str,
+    pg_dsn: str,
+    case: str,
+    build: Callable[[str], Any],
+    fields: list[str],
 ) -> None:
     code, violations, reason = await expect_error(stub(channel).RecordEvent(build(project_id)))
     assert code == INVALID, violations
@@ -156,7 +161,12 @@ FACT_CASES: list[tuple[str, Callable[[str], memory_pb2.AssertFactRequest], list[
 
 @pytest.mark.parametrize(("case", "build", "fields"), FACT_CASES, ids=[c[0] for c in FACT_CASES])
 async def test_assert_fact_rejects(
-    channel: grpc.aio.Channel, project_id: str, pg_dsn: str, case: str, build, fields: list[str]
+    channel: grpc.aio.Channel,
+    project_id: str,
+    pg_dsn: str,
+    case: str,
+    build: Callable[[str], Any],
+    fields: list[str],
 ) -> None:
     code, violations, _ = await expect_error(stub(channel).AssertFact(build(project_id)))
     assert code == INVALID, violations
