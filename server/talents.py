@@ -19,8 +19,8 @@ Decisions the spec leaves open:
 - The closure applies with relevance off too (its candidates all count as kept).
 - A talent is served as its body, or its summary when the body is empty; its tokens are those
   of what is served.
-- With relevance off, a non-empty task orders the talents by the same score as relevance on
-  (its embedding is computed); an empty task orders them by id.
+- With relevance off the model is not used (as in the seed, where the flag alone loads it):
+  the task orders the talents by BETA x shared stems, then by id.
 """
 
 from __future__ import annotations
@@ -385,10 +385,11 @@ class TalentService:
         """Select the talents an agent of `role` receives on `project_id` for `task`."""
         # The task is embedded while the database is read (agents often repeat a task: the
         # last TASK_ENTRIES task vectors are kept).
-        cached_task = self._tasks.lookup(task) if task.strip() else None
+        wants_task = relevance and bool(task.strip())
+        cached_task = self._tasks.lookup(task) if wants_task else None
         task_embedding = (
             asyncio.ensure_future(self.runtime.embed_query(task))
-            if task.strip() and cached_task is None
+            if wants_task and cached_task is None
             else None
         )
         try:

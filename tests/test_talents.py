@@ -269,7 +269,8 @@ async def test_relevance_off_serves_every_active_talent_of_the_role_ordered_by_t
     selected = [t.talent_id for t in selection.selected]
     assert set(selected) == {*ids.values(), backend_only}  # no frontend-only, no inactive
     assert {t.reason for t in selection.selected} == {"relevance_off"}
-    assert selected[0] == ids["sql"]  # the task only orders them
+    assert selected[0] == ids["sql"]  # the task only orders them (by shared stems)
+    assert all(t.similarity == 0 for t in selection.selected)  # no model with relevance off
     scores = [t.score for t in selection.selected]
     assert scores == sorted(scores, reverse=True)
     assert selection.tokens_selected == selection.tokens_candidates
@@ -544,7 +545,8 @@ async def test_resolve_embeds_only_the_task(
     first, second = f"{SEED_TASK} ({project_id})", f"Value objects for {project_id}"
     await resolve(talents, project_id, first)
     await resolve(talents, project_id, second)
-    await resolve(talents, project_id, first, relevance=OFF)  # a repeated task: cached too
+    await resolve(talents, project_id, first)  # a repeated task: its vector is kept
+    await resolve(talents, project_id, f"{second}!", relevance=OFF)  # off: no model at all
     assert embedded == [[first], [second]]
 
     # Same content under another id: no new vector either.
