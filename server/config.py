@@ -36,6 +36,7 @@ class ContextSettings:
     candidate_limit: int = 256
     recency_top_k: int = 64
     recency_window_days: float = 90.0
+    newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
     exact_top_n: int = 10
     episode_top_k: int = 8
@@ -107,6 +108,7 @@ class Settings:
             (c.candidate_limit > 0, "SATCHEL_CANDIDATE_LIMIT must be positive"),
             (c.recency_top_k >= 0, "SATCHEL_RECENCY_TOP_K must not be negative"),
             (c.recency_window_days >= 0, "SATCHEL_RECENCY_WINDOW_DAYS must not be negative"),
+            (c.newest_top_k >= 0, "SATCHEL_NEWEST_TOP_K must not be negative"),
             (
                 c.retrieval_top_k_max >= c.retrieval_top_k,
                 "SATCHEL_RETRIEVAL_TOP_K_MAX must be at least SATCHEL_RETRIEVAL_TOP_K",

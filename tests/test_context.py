@@ -370,7 +370,11 @@ async def test_multi_hop_adds_a_fact_related_only_through_an_entity(
     )
     # Two candidates per source and no widening: the tram fact is left out of the main pass.
     async with start_server(
-        retrieval_top_k=2, retrieval_top_k_max=2, recency_top_k=0, recall_max_distance=0.6
+        retrieval_top_k=2,
+        retrieval_top_k_max=2,
+        recency_top_k=0,
+        newest_top_k=0,
+        recall_max_distance=0.6,
     ) as narrow:
         reply = await assemble(narrow, project_id, "Where did Caroline move to?")
         statements = [f.statement for f in reply.packet.facts]

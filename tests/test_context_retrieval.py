@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -52,7 +53,7 @@ async def test_adaptive_two_phase_matches_the_exact_top_10(
         memory_pb2.BatchAssertFactsRequest(requests=requests)
     )
     runtime = server.runtime.value
-    cfg = replace(runtime.settings.context, retrieval_top_k=8, recency_top_k=8)
+    cfg = replace(runtime.settings.context, retrieval_top_k=8, recency_top_k=8, newest_top_k=8)
     fixed = replace(cfg, retrieval_top_k_max=8)
     scope = store.Scope(project_id, "user-1", now, historical=False)
     misses_when_fixed = 0
@@ -72,6 +73,7 @@ def test_unseen_score_bound_reads_each_source() -> None:
     params = {
         "top_k": 4,
         "recent_k": 4,
+        "newest_k": 4,
         "at": at,
         "recent_since": at - timedelta(days=90),
         "tau_seconds": 30 * 86400.0,
@@ -84,13 +86,16 @@ def test_unseen_score_bound_reads_each_source() -> None:
         "vector_max_distance": 0.5,
         "recent_rows": 4,
         "recent_max_distance": 0.7,
+        "newest_rows": 4,
+        "newest_oldest": at - timedelta(days=3),
         "text_rows": 1,
         "text_min_rank": 0.9,
     }
-    old = 0.6 * 0.5 + 0.15 * 2.718281828**-3
-    recent = 0.6 * 0.3 + 0.15
+    old = 0.6 * 0.5 + 0.15 * math.exp(-3)  # the window's edge: 90 days = 3 tau
+    recent = 0.6 * 0.3 + 0.15 * math.exp(-0.1)  # the 4th newest fact is 3 days old
     assert abs(store.unseen_score_bound(row, params) - max(old, recent)) < 1e-9
     assert store.unseen_score_bound({**row, "vector_rows": 3}, params) == float("-inf")
+    assert store.unseen_score_bound({**row, "newest_rows": 3}, params) == float("-inf")
     full_text = {**row, "text_rows": 4, "text_min_rank": 0.2}
     assert abs(store.unseen_score_bound(full_text, params) - (max(old, recent) + 0.05)) < 1e-9
     ranked = [{"score": s, **row} for s in (0.9, 0.8, 0.7, 0.6)]

@@ -83,6 +83,10 @@ by_recent_vector AS (
     WHERE {visible} AND coalesce(f.valid_from, f.recorded_from) > %(recent_since)s
     ORDER BY f.embedding <=> %(vector)s LIMIT %(recent_k)s
 ),
+by_newest AS (
+    SELECT f.id, coalesce(f.valid_from, f.recorded_from) AS since FROM facts f WHERE {visible}
+    ORDER BY coalesce(f.valid_from, f.recorded_from) DESC LIMIT %(newest_k)s
+),
 by_text AS (
     SELECT f.id, ts_rank_cd(f.search_vector, q.tsq) AS rank FROM facts f, q
     WHERE {visible} AND f.search_vector @@ q.tsq
@@ -93,11 +97,14 @@ bounds AS (
            (SELECT max(distance) FROM by_vector) AS vector_max_distance,
            (SELECT count(*) FROM by_recent_vector) AS recent_rows,
            (SELECT max(distance) FROM by_recent_vector) AS recent_max_distance,
+           (SELECT count(*) FROM by_newest) AS newest_rows,
+           (SELECT min(since) FROM by_newest) AS newest_oldest,
            (SELECT count(*) FROM by_text) AS text_rows,
            (SELECT min(rank) FROM by_text) AS text_min_rank
 ),
 pool AS (
-    SELECT id FROM by_vector UNION SELECT id FROM by_recent_vector UNION SELECT id FROM by_text
+    SELECT id FROM by_vector UNION SELECT id FROM by_recent_vector UNION SELECT id FROM by_newest
+    UNION SELECT id FROM by_text
 ),
 scored AS (
     SELECT {columns} FROM facts f JOIN pool USING (id), q
@@ -168,6 +175,7 @@ def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) 
         "vector": vector,
         "top_k": cfg.retrieval_top_k,
         "recent_k": cfg.recency_top_k,
+        "newest_k": cfg.newest_top_k,
         "recent_since": scope.at - timedelta(days=cfg.recency_window_days),
         "candidate_limit": cfg.candidate_limit,
         "episode_k": cfg.episode_top_k,
@@ -185,26 +193,29 @@ def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
 
     An unseen fact is either older than the recency window (cosine at most the K-th nearest
     overall, recency at most that of the window's edge) or inside it (cosine at most the K-th
-    nearest of the window, recency at most 1). A source that returned fewer rows than asked
-    returned every fact it could, so it leaves none unseen. An unseen fact's text rank is at
-    most the K-th best rank, or 0 when the text source returned every match.
+    nearest of the window, recency at most that of the N-th newest fact). A source that
+    returned fewer rows than asked returned every fact it could. An unseen fact's text rank is
+    at most the K-th best rank, or 0 when the text source returned every match.
     """
+    if row["vector_rows"] < params["top_k"] or row["newest_rows"] < params["newest_k"]:
+        return float("-inf")
     rank = float(row["text_min_rank"]) if row["text_rows"] >= params["top_k"] else 0.0
     base = params["w_text_rank"] * rank
-    bounds = [float("-inf")]
-    if row["vector_rows"] >= params["top_k"]:
-        edge_age = (params["at"] - params["recent_since"]).total_seconds()
-        old_recency = math.exp(-max(edge_age, 0.0) / params["tau_seconds"])
-        similarity = 1.0 - float(row["vector_max_distance"])
-        bounds.append(
-            base + params["w_similarity"] * similarity + params["w_recency"] * old_recency
-        )
-        if row["recent_rows"] >= params["recent_k"]:
-            recent_similarity = (
-                1.0 - float(row["recent_max_distance"]) if params["recent_k"] else similarity
-            )
-            bounds.append(base + params["w_similarity"] * recent_similarity + params["w_recency"])
-    return max(bounds)
+
+    def recency(since: datetime) -> float:
+        age = (params["at"] - since).total_seconds()
+        return math.exp(-max(age, 0.0) / params["tau_seconds"])
+
+    similarity = 1.0 - float(row["vector_max_distance"])
+    newest_edge = recency(row["newest_oldest"]) if params["newest_k"] else 1.0
+    old = base + params["w_similarity"] * similarity
+    old += params["w_recency"] * min(recency(params["recent_since"]), newest_edge)
+    if row["recent_rows"] < params["recent_k"]:
+        return old
+    if params["recent_k"]:
+        similarity = 1.0 - float(row["recent_max_distance"])
+    recent = base + params["w_similarity"] * similarity + params["w_recency"] * newest_edge
+    return max(old, recent)
 
 
 def is_exact(rows: list[dict[str, Any]], params: dict[str, Any], top_n: int) -> bool:
