@@ -315,8 +315,10 @@ class _Snapshot:
 class TalentService:
     """The catalogue, activations, ResolveTalents and the doctor over one Runtime.
 
-    Keeps two in-memory caches for the life of the process: prepared talents by
-    (id, updated_at) and talent vectors by content digest.
+    In-memory caches for the life of the process (all bounded, least recently used out):
+    prepared talents by (id, updated_at), talent vectors by content digest, centred candidate
+    spaces by their digests, project snapshots checked against a one-row version digest on
+    every call, and the vectors of recent tasks.
     """
 
     def __init__(self, runtime: Runtime) -> None:
