@@ -93,6 +93,9 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
 COMMAND_MODULES: tuple[str, ...] = (
     "satchel.server.commands.talents",
     "satchel.server.commands.calibrate",
+    "satchel.server.commands.context_cmds",
+    "satchel.server.commands.memory_cmds",
+    "satchel.server.commands.demo",
 )
 
 

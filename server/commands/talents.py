@@ -4,13 +4,12 @@
   `*.mdc` rules, other `*.md` with front matter) and upserts them through the gRPC API.
 - `satchel talents list|activate|resolve` and `satchel doctor` call the other RPCs.
 
-Only grpcio and the generated stubs are imported: these commands run next to any server.
+They talk to the server through the SDK (`satchel.client`) and run next to any server.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -22,8 +21,10 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from satchel.client import SatchelClient, SatchelError
+from satchel.server.commands import common
 from satchel.server.config import Settings
-from satchel.v1 import talent_pb2, talent_pb2_grpc
+from satchel.v1 import talent_pb2
 
 LIST_FIELDS: tuple[str, ...] = (
     "tags",
@@ -219,28 +220,20 @@ def talent_files(root: Path) -> Iterator[Path]:
 
 def server_address(args: argparse.Namespace, settings: Settings) -> str:
     """--address, else SATCHEL_ADDRESS, else SATCHEL_LISTEN (a wildcard host means loopback)."""
-    address = args.address or os.environ.get("SATCHEL_ADDRESS") or settings.listen
-    host, _, port = address.rpartition(":")
-    return f"{'127.0.0.1' if host in ('0.0.0.0', '', '[::]') else host}:{port}"
+    return common.dialable(getattr(args, "address", None) or common.default_address())
 
 
-def _stub(channel: grpc.Channel) -> talent_pb2_grpc.TalentServiceStub:
-    return talent_pb2_grpc.TalentServiceStub(channel)
+def _client(args: argparse.Namespace, settings: Settings) -> SatchelClient:
+    return SatchelClient(
+        server_address(args, settings),
+        api_key=getattr(args, "api_key", None),
+        timeout=args.timeout,
+    )
 
 
-def describe_error(exc: grpc.RpcError) -> str:
+def describe_error(exc: SatchelError) -> str:
     """`CODE: message` plus one line per field violation of a rich status."""
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
-
-    lines = [f"{exc.code().name}: {exc.details()}"]  # type: ignore[attr-defined]
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    for detail in status.details if status else ():
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            lines += [f"  {v.field}: {v.description}" for v in bad.field_violations]
-    return "\n".join(lines)
+    return str(exc)
 
 
 def _to_json(message: Message) -> str:
@@ -252,7 +245,7 @@ def _to_json(message: Message) -> str:
     )
 
 
-def _fail(exc: grpc.RpcError) -> int:
+def _fail(exc: SatchelError) -> int:
     print(f"satchel: {describe_error(exc)}", file=sys.stderr)
     return 1
 
@@ -275,8 +268,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     created = updated = activated = failed = 0
     seen: dict[str, Path] = {}
-    with grpc.insecure_channel(server_address(args, settings)) as channel:
-        stub = _stub(channel)
+    with _client(args, settings) as api:
         for number, path in enumerate(paths, 1):
             where = f"[{number}/{len(paths)}] {path.relative_to(root)}"
             try:
@@ -291,20 +283,12 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 continue
             seen[talent.id] = path.relative_to(root)
             try:
-                reply = stub.UpsertTalent(
-                    talent_pb2.UpsertTalentRequest(talent=talent.message()),
-                    timeout=TIMEOUT_SECONDS,
-                )
+                reply = api.upsert_talent(talent.message())
                 if args.activate:
-                    stub.SetTalentActivation(
-                        talent_pb2.SetTalentActivationRequest(
-                            project_id=args.project, talent_id=talent.id, active=True
-                        ),
-                        timeout=TIMEOUT_SECONDS,
-                    )
+                    api.set_talent_activation(args.project, talent.id)
                     activated += 1
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
+            except SatchelError as exc:
+                if exc.code == grpc.StatusCode.UNAVAILABLE:
                     return _fail(exc)
                 failed += 1
                 print(f"{where}: failed: {describe_error(exc)}")
@@ -325,13 +309,10 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if args.active_only and not args.project:
         print("satchel: --active-only needs --project", file=sys.stderr)
         return 2
-    request = talent_pb2.ListTalentsRequest(
-        project_id=args.project or "", active_only=args.active_only
-    )
-    with grpc.insecure_channel(server_address(args, settings)) as channel:
+    with _client(args, settings) as api:
         try:
-            reply = _stub(channel).ListTalents(request, timeout=TIMEOUT_SECONDS)
-        except grpc.RpcError as exc:
+            reply = api.list_talents(args.project or "", active_only=args.active_only)
+        except SatchelError as exc:
             return _fail(exc)
     if args.json:
         print(_to_json(reply))
@@ -348,15 +329,11 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_activate(args: argparse.Namespace, settings: Settings) -> int:
     """Turn talents on (or off with --off) for a project."""
     failed = 0
-    with grpc.insecure_channel(server_address(args, settings)) as channel:
-        stub = _stub(channel)
+    with _client(args, settings) as api:
         for talent_id in args.talent_ids:
-            request = talent_pb2.SetTalentActivationRequest(
-                project_id=args.project, talent_id=talent_id, active=not args.off
-            )
             try:
-                stub.SetTalentActivation(request, timeout=TIMEOUT_SECONDS)
-            except grpc.RpcError as exc:
+                api.set_talent_activation(args.project, talent_id, not args.off)
+            except SatchelError as exc:
                 failed += 1
                 print(f"{talent_id}: {describe_error(exc)}", file=sys.stderr)
                 continue
@@ -395,25 +372,24 @@ def render_selection(selection: Any) -> str:
     return "\n".join(lines)
 
 
-RELEVANCE_CHOICES = {"default": 0, "off": 1, "embeddings": 2}
+RELEVANCE_CHOICES = ("default", "off", "embeddings")
 
 
 def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
     """Ask which talents an agent of a role receives for a task."""
-    request = talent_pb2.ResolveTalentsRequest(
-        project_id=args.project,
-        role=args.role,
-        task=args.task,
-        relevance=RELEVANCE_CHOICES[args.relevance],  # type: ignore[arg-type]
-    )
-    for name in ("budget_tokens", "floor", "beta", "margin"):
-        value = getattr(args, name)
-        if value is not None:
-            setattr(request, name, value)
-    with grpc.insecure_channel(server_address(args, settings)) as channel:
+    with _client(args, settings) as api:
         try:
-            reply = _stub(channel).ResolveTalents(request, timeout=TIMEOUT_SECONDS)
-        except grpc.RpcError as exc:
+            reply = api.resolve_talents(
+                args.project,
+                args.task,
+                role=args.role,
+                relevance=args.relevance,
+                budget_tokens=args.budget_tokens,
+                floor=args.floor,
+                beta=args.beta,
+                margin=args.margin,
+            )
+        except SatchelError as exc:
             return _fail(exc)
     if args.json:
         print(_to_json(reply.selection))
@@ -428,11 +404,10 @@ def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     """Report what is wrong with a project's talents; exit 1 when anything is."""
-    request = talent_pb2.DiagnoseProjectRequest(project_id=args.project, roles=args.role or [])
-    with grpc.insecure_channel(server_address(args, settings)) as channel:
+    with _client(args, settings) as api:
         try:
-            reply = _stub(channel).DiagnoseProject(request, timeout=TIMEOUT_SECONDS)
-        except grpc.RpcError as exc:
+            reply = api.diagnose_project(args.project, args.role or [])
+        except SatchelError as exc:
             return _fail(exc)
     if args.json:
         print(_to_json(reply))
@@ -446,9 +421,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _address_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--address", help="server host:port (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN)"
-    )
+    common.add_client_options(parser, timeout=TIMEOUT_SECONDS)
 
 
 def register(commands: Any) -> None:

@@ -238,7 +238,14 @@ async def cached_vectors(
         " WHERE embedding_model = %s AND text_sha256 = ANY(%s)",
         (model_id, list(text_hashes)),
     )
-    return {digest: np.asarray(vector, dtype=np.float32) for digest, vector in await cur.fetchall()}
+    rows = await cur.fetchall()
+    # pgvector >= 0.5 loads `vector` columns as pgvector.Vector, older versions as numpy arrays
+    return {
+        digest: np.asarray(
+            vector.to_numpy() if hasattr(vector, "to_numpy") else vector, dtype=np.float32
+        )
+        for digest, vector in rows
+    }
 
 
 async def store_vectors(

@@ -1,0 +1,494 @@
+"""`AsyncSatchelClient`: the asyncio client (grpc.aio), the same methods as `SatchelClient`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from satchel.client import requests as rq
+from satchel.client._common import (
+    CONTEXT,
+    DEFAULT_ADDRESS,
+    DEFAULT_TIMEOUT,
+    HEALTH_CHECK,
+    IDEMPOTENT_READS,
+    MEMORY,
+    NO_RETRY,
+    TALENTS,
+    Metadata,
+    RetryPolicy,
+    call_metadata,
+    decode_health_status,
+    encode_health_request,
+)
+from satchel.client.errors import SatchelError
+from satchel.v1 import (
+    context_pb2,
+    context_pb2_grpc,
+    memory_pb2,
+    memory_pb2_grpc,
+    talent_pb2,
+    talent_pb2_grpc,
+)
+
+T = TypeVar("T")
+
+
+class AsyncStream(Generic[T]):
+    """A server stream: `async for` the messages; `cancel()` (or leaving `async with`) ends it.
+
+    Errors are raised as `SatchelError` while iterating; after `cancel()` iteration just stops.
+    """
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+        self._messages: AsyncIterator[T] = call.__aiter__()
+        self._cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self._messages.__anext__()
+        except grpc.aio.AioRpcError as exc:
+            if self._cancelled and exc.code() == grpc.StatusCode.CANCELLED:
+                raise StopAsyncIteration from None
+            raise SatchelError.from_rpc_error(exc) from exc
+        except asyncio.CancelledError:
+            if self._cancelled:
+                raise StopAsyncIteration from None
+            raise
+
+    def cancel(self) -> None:
+        """Cancel the call; the server stops sending."""
+        self._cancelled = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncStream[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+
+class AsyncSatchelClient:
+    """Asyncio client of a satchel server; create it inside a running event loop.
+
+    Same methods, arguments and results as `SatchelClient`, awaited (streams are
+    `AsyncStream`s to `async for`); failures raise `SatchelError`.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel: grpc.aio.Channel | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        metadata: Metadata = (),
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._metadata = call_metadata(api_key, metadata)
+        self._own_channel = channel is None
+        if channel is None:
+            channel = (
+                grpc.aio.secure_channel(address, credentials, options=list(options))
+                if credentials is not None
+                else grpc.aio.insecure_channel(address, options=list(options))
+            )
+        self.channel = channel
+        self._context = context_pb2_grpc.ContextServiceStub(channel)
+        self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
+        self._talents = talent_pb2_grpc.TalentServiceStub(channel)
+        self._health = channel.unary_unary(HEALTH_CHECK)
+
+    async def close(self) -> None:
+        """Close the channel (only when the client created it)."""
+        if self._own_channel:
+            await self.channel.close()
+
+    async def __aenter__(self) -> AsyncSatchelClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    async def _unary(
+        self, stub: Any, service: str, name: str, request: Any, timeout: float | None
+    ) -> Any:
+        rpc: Callable[..., Any] = getattr(stub, name)
+        policy = self.retry if f"/{service}/{name}" in IDEMPOTENT_READS else NO_RETRY
+        budget = self.timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if budget is None else loop.time() + budget
+        backoffs = policy.backoffs()
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await rpc(request, timeout=remaining, metadata=self._metadata)
+            except grpc.aio.AioRpcError as exc:
+                delay = next(backoffs, None)
+                retry = exc.code() in policy.retryable_codes and delay is not None
+                if not retry or (deadline is not None and loop.time() + delay >= deadline):
+                    raise SatchelError.from_rpc_error(exc) from exc
+                await asyncio.sleep(delay)
+
+    async def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """The standard health check: `SERVING`, `NOT_SERVING`, `SERVICE_UNKNOWN` or `UNKNOWN`."""
+        try:
+            reply = await self._health(
+                encode_health_request(service),
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise SatchelError.from_rpc_error(exc) from exc
+        return decode_health_status(reply)
+
+    # --- ContextService ---------------------------------------------------------------------
+
+    async def assemble_context(
+        self,
+        project_id: str,
+        subject_id: str,
+        query: str,
+        *,
+        budget_tokens: int | None = None,
+        as_of: datetime | None = None,
+        timeout: float | None = None,
+    ) -> context_pb2.AssembleContextResponse:
+        """The context packet of a query and the id of its persisted trace."""
+        request = rq.assemble_context(
+            project_id, subject_id, query, budget_tokens=budget_tokens, as_of=as_of
+        )
+        return await self._unary(self._context, CONTEXT, "AssembleContext", request, timeout)
+
+    def stream_context(
+        self,
+        project_id: str,
+        subject_id: str,
+        query: str,
+        *,
+        budget_tokens: int | None = None,
+        as_of: datetime | None = None,
+        timeout: float | None = None,
+    ) -> AsyncStream[context_pb2.StreamContextResponse]:
+        """One message per decision as the budget is packed, then the packet (last)."""
+        request = rq.stream_context(
+            project_id, subject_id, query, budget_tokens=budget_tokens, as_of=as_of
+        )
+        call = self._context.StreamContext(
+            request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
+        )
+        return AsyncStream(call)
+
+    async def get_trace(
+        self, project_id: str, trace_id: str, *, timeout: float | None = None
+    ) -> context_pb2.GetTraceResponse:
+        """The persisted trace of an earlier context call."""
+        request = context_pb2.GetTraceRequest(project_id=project_id, trace_id=trace_id)
+        return await self._unary(self._context, CONTEXT, "GetTrace", request, timeout)
+
+    def watch_traces(
+        self, project_id: str, *, subject_id: str | None = None, timeout: float | None = None
+    ) -> AsyncStream[context_pb2.WatchTracesResponse]:
+        """Live decisions of every context call of a project (or one subject); no deadline
+        unless `timeout` is given."""
+        request = context_pb2.WatchTracesRequest(project_id=project_id, subject_id=subject_id)
+        return AsyncStream(
+            self._context.WatchTraces(request, timeout=timeout, metadata=self._metadata)
+        )
+
+    async def get_stats_overview(
+        self, project_id: str, *, timeout: float | None = None
+    ) -> context_pb2.GetStatsOverviewResponse:
+        """Injection rate, call counts and latency figures of a project."""
+        request = context_pb2.GetStatsOverviewRequest(project_id=project_id)
+        return await self._unary(self._context, CONTEXT, "GetStatsOverview", request, timeout)
+
+    # --- MemoryService ----------------------------------------------------------------------
+
+    async def record_event(
+        self,
+        project_id: str,
+        subject_id: str,
+        kind: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        occurred_at: datetime | None = None,
+        idempotency_key: str = "",
+        timeout: float | None = None,
+    ) -> memory_pb2.RecordEventResponse:
+        """Store one event of a scope (a repeated idempotency key returns the first one)."""
+        request = rq.event_request(
+            project_id,
+            subject_id,
+            kind,
+            payload,
+            occurred_at=occurred_at,
+            idempotency_key=idempotency_key,
+        )
+        return await self._unary(self._memory, MEMORY, "RecordEvent", request, timeout)
+
+    async def batch_record_events(
+        self, requests: Iterable[memory_pb2.RecordEventRequest], *, timeout: float | None = None
+    ) -> memory_pb2.BatchRecordEventsResponse:
+        """Store many events in one transaction (build items with `event_request`)."""
+        request = memory_pb2.BatchRecordEventsRequest(requests=list(requests))
+        return await self._unary(self._memory, MEMORY, "BatchRecordEvents", request, timeout)
+
+    async def list_events(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> memory_pb2.ListEventsResponse:
+        """One page of the events of a scope, newest first."""
+        request = memory_pb2.ListEventsRequest(
+            project_id=project_id, subject_id=subject_id, page_size=page_size, page_token=page_token
+        )
+        return await self._unary(self._memory, MEMORY, "ListEvents", request, timeout)
+
+    async def iter_events(
+        self, project_id: str, subject_id: str, *, page_size: int = 0
+    ) -> AsyncIterator[memory_pb2.Event]:
+        """Every event of a scope, newest first, page after page."""
+        token = ""
+        while True:
+            page = await self.list_events(
+                project_id, subject_id, page_size=page_size, page_token=token
+            )
+            for item in page.events:
+                yield item
+            if not (token := page.next_page_token):
+                return
+
+    async def assert_fact(
+        self,
+        project_id: str,
+        subject_id: str,
+        predicate: str,
+        value: Any,
+        *,
+        statement: str = "",
+        confidence: float | None = None,
+        valid_from: datetime | None = None,
+        valid_to: datetime | None = None,
+        source_event_ids: Iterable[str] = (),
+        stale_after: timedelta | None = None,
+        idempotency_key: str = "",
+        supersedes_fact_ids: Iterable[str] = (),
+        timeout: float | None = None,
+    ) -> memory_pb2.AssertFactResponse:
+        """Store an active fact; `value` is any JSON-like value."""
+        request = rq.fact_request(
+            project_id,
+            subject_id,
+            predicate,
+            value,
+            statement=statement,
+            confidence=confidence,
+            valid_from=valid_from,
+            valid_to=valid_to,
+            source_event_ids=source_event_ids,
+            stale_after=stale_after,
+            idempotency_key=idempotency_key,
+            supersedes_fact_ids=supersedes_fact_ids,
+        )
+        return await self._unary(self._memory, MEMORY, "AssertFact", request, timeout)
+
+    async def batch_assert_facts(
+        self, requests: Iterable[memory_pb2.AssertFactRequest], *, timeout: float | None = None
+    ) -> memory_pb2.BatchAssertFactsResponse:
+        """Store many facts in one transaction (build items with `fact_request`)."""
+        request = memory_pb2.BatchAssertFactsRequest(requests=list(requests))
+        return await self._unary(self._memory, MEMORY, "BatchAssertFacts", request, timeout)
+
+    async def retire_fact(
+        self, project_id: str, fact_id: str, reason: str = "", *, timeout: float | None = None
+    ) -> memory_pb2.RetireFactResponse:
+        """Mark a fact retired (kept for history and as-of reads)."""
+        request = memory_pb2.RetireFactRequest(
+            project_id=project_id, fact_id=fact_id, reason=reason
+        )
+        return await self._unary(self._memory, MEMORY, "RetireFact", request, timeout)
+
+    async def supersede_fact(
+        self,
+        project_id: str,
+        fact_id: str,
+        superseded_by_fact_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> memory_pb2.SupersedeFactResponse:
+        """Mark a fact superseded by another active fact of the same scope."""
+        request = memory_pb2.SupersedeFactRequest(
+            project_id=project_id, fact_id=fact_id, superseded_by_fact_id=superseded_by_fact_id
+        )
+        return await self._unary(self._memory, MEMORY, "SupersedeFact", request, timeout)
+
+    async def list_facts(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        as_of: datetime | None = None,
+        include_inactive: bool = False,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> memory_pb2.ListFactsResponse:
+        """One page of the facts of a scope, now or as they stood at `as_of`."""
+        request = rq.list_facts(
+            project_id,
+            subject_id,
+            as_of=as_of,
+            include_inactive=include_inactive,
+            page_size=page_size,
+            page_token=page_token,
+        )
+        return await self._unary(self._memory, MEMORY, "ListFacts", request, timeout)
+
+    async def iter_facts(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        as_of: datetime | None = None,
+        include_inactive: bool = False,
+        page_size: int = 0,
+    ) -> AsyncIterator[memory_pb2.Fact]:
+        """Every fact of a scope (see `list_facts`), page after page."""
+        token = ""
+        while True:
+            page = await self.list_facts(
+                project_id,
+                subject_id,
+                as_of=as_of,
+                include_inactive=include_inactive,
+                page_size=page_size,
+                page_token=token,
+            )
+            for item in page.facts:
+                yield item
+            if not (token := page.next_page_token):
+                return
+
+    async def open_conflict(
+        self,
+        project_id: str,
+        subject_id: str,
+        fact_ids: Iterable[str],
+        note: str = "",
+        *,
+        timeout: float | None = None,
+    ) -> memory_pb2.OpenConflictResponse:
+        """Group facts whose values disagree; they are blocked from context until resolved."""
+        request = memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=subject_id, fact_ids=list(fact_ids), note=note
+        )
+        return await self._unary(self._memory, MEMORY, "OpenConflict", request, timeout)
+
+    async def resolve_conflict(
+        self,
+        project_id: str,
+        conflict_id: str,
+        winning_fact_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> memory_pb2.ResolveConflictResponse:
+        """Close a conflict with a winner; the other members become superseded."""
+        request = memory_pb2.ResolveConflictRequest(
+            project_id=project_id, conflict_id=conflict_id, winning_fact_id=winning_fact_id
+        )
+        return await self._unary(self._memory, MEMORY, "ResolveConflict", request, timeout)
+
+    async def list_conflicts(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        include_resolved: bool = False,
+        timeout: float | None = None,
+    ) -> memory_pb2.ListConflictsResponse:
+        """The conflicts of a scope (open ones, or all with `include_resolved`)."""
+        request = memory_pb2.ListConflictsRequest(
+            project_id=project_id, subject_id=subject_id, include_resolved=include_resolved
+        )
+        return await self._unary(self._memory, MEMORY, "ListConflicts", request, timeout)
+
+    # --- TalentService ----------------------------------------------------------------------
+
+    async def upsert_talent(
+        self, talent: talent_pb2.Talent, *, timeout: float | None = None
+    ) -> talent_pb2.UpsertTalentResponse:
+        """Create or replace a talent of the catalogue."""
+        request = talent_pb2.UpsertTalentRequest(talent=talent)
+        return await self._unary(self._talents, TALENTS, "UpsertTalent", request, timeout)
+
+    async def list_talents(
+        self, project_id: str = "", *, active_only: bool = False, timeout: float | None = None
+    ) -> talent_pb2.ListTalentsResponse:
+        """The catalogue, or with `project_id` also which talents are active there."""
+        request = talent_pb2.ListTalentsRequest(project_id=project_id, active_only=active_only)
+        return await self._unary(self._talents, TALENTS, "ListTalents", request, timeout)
+
+    async def set_talent_activation(
+        self, project_id: str, talent_id: str, active: bool = True, *, timeout: float | None = None
+    ) -> talent_pb2.SetTalentActivationResponse:
+        """Turn a talent on (or off) for a project."""
+        request = talent_pb2.SetTalentActivationRequest(
+            project_id=project_id, talent_id=talent_id, active=active
+        )
+        return await self._unary(self._talents, TALENTS, "SetTalentActivation", request, timeout)
+
+    async def resolve_talents(
+        self,
+        project_id: str,
+        task: str,
+        *,
+        role: str = "",
+        relevance: str | int = "default",
+        budget_tokens: int | None = None,
+        floor: float | None = None,
+        beta: float | None = None,
+        margin: float | None = None,
+        timeout: float | None = None,
+    ) -> talent_pb2.ResolveTalentsResponse:
+        """The talents an agent of `role` receives for `task` (`.selection`)."""
+        request = rq.resolve_talents(
+            project_id,
+            task,
+            role=role,
+            relevance=relevance,
+            budget_tokens=budget_tokens,
+            floor=floor,
+            beta=beta,
+            margin=margin,
+        )
+        return await self._unary(self._talents, TALENTS, "ResolveTalents", request, timeout)
+
+    async def diagnose_project(
+        self, project_id: str, roles: Iterable[str] = (), *, timeout: float | None = None
+    ) -> talent_pb2.DiagnoseProjectResponse:
+        """What is wrong with a project's talents (the doctor)."""
+        request = talent_pb2.DiagnoseProjectRequest(project_id=project_id, roles=list(roles))
+        return await self._unary(self._talents, TALENTS, "DiagnoseProject", request, timeout)

@@ -1,0 +1,214 @@
+"""Rich renderings for the client commands: the decision table, the budget bar, packets,
+traces, facts, events, stats. Only the CLI imports rich; `satchel.client` never does."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from datetime import datetime
+
+from google.protobuf import json_format
+from google.protobuf.timestamp_pb2 import Timestamp
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from satchel.client import render_packet
+from satchel.v1 import context_pb2, memory_pb2
+
+OUTCOME_STYLE = {
+    context_pb2.DECISION_OUTCOME_INCLUDED: ("included", "green"),
+    context_pb2.DECISION_OUTCOME_EXCLUDED: ("excluded", "yellow"),
+    context_pb2.DECISION_OUTCOME_BLOCKED: ("blocked", "bold red"),
+}
+KIND_NAME = {
+    context_pb2.CANDIDATE_KIND_FACT: "fact",
+    context_pb2.CANDIDATE_KIND_EPISODE: "ep.",
+}
+NARROW_WIDTH = 100
+"""Below this many columns the decision table shows the score without its parts."""
+PIPE_WIDTH = 120
+"""Columns when stdout is not a terminal and COLUMNS is unset (rich would assume 80)."""
+
+
+def console() -> Console:
+    """The stdout console (colour only on a terminal; NO_COLOR is honoured)."""
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(highlight=False, width=PIPE_WIDTH if piped else None)
+
+
+def when(stamp: Timestamp, with_time: bool = True) -> str:
+    """A timestamp as `YYYY-MM-DD HH:MM` UTC (or the date only)."""
+    moment: datetime = stamp.ToDatetime()
+    return f"{moment:%Y-%m-%d %H:%M}" if with_time else f"{moment:%Y-%m-%d}"
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class DecisionTable:
+    """The decisions of one context call, growing as they stream, with a budget bar."""
+
+    def __init__(self, title: str, budget: int | None = None) -> None:
+        self.title = title
+        self.budget = budget
+        self.used = 0
+        self.rows: list[context_pb2.Decision] = []
+
+    def add(self, decision: context_pb2.Decision) -> None:
+        self.rows.append(decision)
+        self.used = max(self.used, decision.budget_used)
+
+    def table(self, width: int = PIPE_WIDTH) -> Table:
+        """The decision rows; the score parts are shown when `width` leaves room for them."""
+        reason_width = max([6, *(len(d.reason_code) for d in self.rows)])
+        parts = ("sim", "fts", "rec") if width >= NARROW_WIDTH else ()
+        fixed = 3 + 4 + 6 * (1 + len(parts)) + 4 + 8 + reason_width
+        gaps = 3 * (6 + len(parts))  # padding, separator, padding between columns
+        candidate = max(12, width - fixed - gaps)
+        table = Table(
+            title=self.title,
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+        )
+        table.add_column("#", justify="right", style="dim", no_wrap=True, width=3)
+        table.add_column("kind", no_wrap=True, width=4)
+        table.add_column("candidate", no_wrap=True, width=candidate, overflow="ellipsis")
+        for name in ("score", *parts):
+            table.add_column(name, justify="right", no_wrap=True, width=6)
+        table.add_column("tok", justify="right", no_wrap=True, width=4)
+        table.add_column("outcome", no_wrap=True, width=8)
+        table.add_column("reason", no_wrap=True, width=reason_width)
+        for d in self.rows:
+            outcome, style = OUTCOME_STYLE.get(d.outcome, ("?", ""))
+            scores = [d.score, d.similarity, d.text_rank, d.recency][: 1 + len(parts)]
+            table.add_row(
+                str(d.sequence),
+                KIND_NAME.get(d.candidate_kind, "?"),
+                " ".join((d.preview or d.candidate_id).split()),
+                *(f"{value:.3f}" for value in scores),
+                str(d.tokens),
+                Text(outcome, style=style),
+                Text(d.reason_code, style=style),
+            )
+        return table
+
+    def bar(self) -> RenderableType:
+        """The budget bar: tokens used of the budget (pulsing while the budget is unknown)."""
+        total = self.budget
+        label = f" {self.used}/{total} tokens" if total else f" {self.used} tokens"
+        bar = ProgressBar(total=total, completed=self.used, width=40)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(Text("budget", style="bold"), bar, Text(label))
+        return grid
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table(options.max_width)
+        yield self.bar()
+
+
+def packet_view(packet: context_pb2.ContextPacket, trace_id: str = "") -> RenderableType:
+    """The packet as the agent would receive it, with status, warnings and the trace id."""
+    status = context_pb2.PacketStatus.Name(packet.status).removeprefix("PACKET_STATUS_")
+    colour = "green" if packet.status == context_pb2.PACKET_STATUS_OK else "yellow"
+    header = Text.assemble(
+        ("status ", "bold"),
+        (status.lower(), colour),
+        f"  facts {len(packet.facts)}  episodes {len(packet.episodes)}",
+        f"  tokens {packet.tokens_used}/{packet.budget_tokens}",
+        (f"  trace {trace_id}" if trace_id else ""),
+    )
+    parts: list[RenderableType] = [header]
+    parts += [Text(f"warning: {w}", style="yellow") for w in packet.warnings]
+    block = render_packet(packet)
+    if block:
+        parts.append(Panel(Text(block), title="packet", title_align="left", expand=False))
+    else:
+        reason = f" ({packet.empty_reason})" if packet.empty_reason else ""
+        parts.append(Text(f"empty packet{reason}: no memory block", style="dim"))
+    return Group(*parts)
+
+
+def trace_view(trace: context_pb2.Trace) -> RenderableType:
+    """A stored trace: its call, the decision table with the budget bar, timings."""
+    table = DecisionTable(
+        f"trace {trace.trace_id}  {trace.project_id}/{trace.subject_id}  "
+        f"{when(trace.created_at)}  query {trace.query!r}",
+        budget=trace.budget_tokens,
+    )
+    for decision in trace.decisions:
+        table.add(decision)
+    table.used = trace.tokens_used
+    status = context_pb2.PacketStatus.Name(trace.status).removeprefix("PACKET_STATUS_").lower()
+    t = trace.timings
+    summary = Text(
+        f"status {status}  tokens {trace.tokens_used}/{trace.budget_tokens}"
+        f"  embed {t.embed_ms:.1f} ms  retrieve {t.retrieve_ms:.1f} ms  pack {t.pack_ms:.1f} ms"
+        f"  total {t.total_ms:.1f} ms"
+        + (f"  as of {when(trace.as_of)}" if trace.HasField("as_of") else "")
+        + (f"  empty: {trace.empty_reason}" if trace.empty_reason else "")
+    )
+    warnings = [Text(f"warning: {w}", style="yellow") for w in trace.warnings]
+    return Group(table, summary, *warnings)
+
+
+def _fact_value(fact: memory_pb2.Fact) -> str:
+    return json_format.MessageToJson(fact.value, indent=None) if fact.HasField("value") else ""
+
+
+def facts_table(facts: Iterable[memory_pb2.Fact], title: str) -> Table:
+    """Facts with status, validity and confidence."""
+    table = Table(title=title, title_justify="left")
+    for name in ("id", "predicate", "statement", "status", "valid from", "valid to", "conf"):
+        table.add_column(name, justify="right" if name == "conf" else "left")
+    for f in facts:
+        status = memory_pb2.FactStatus.Name(f.status).removeprefix("FACT_STATUS_").lower()
+        table.add_row(
+            f.id[:8],
+            f.predicate,
+            _short(f.statement or _fact_value(f), 60),
+            Text(status, style="green" if status == "active" else "dim"),
+            when(f.valid_from, False) if f.HasField("valid_from") else "",
+            when(f.valid_to, False) if f.HasField("valid_to") else "",
+            f"{f.confidence:.2f}",
+        )
+    return table
+
+
+def events_table(events: Iterable[memory_pb2.Event], title: str) -> Table:
+    """Events, newest first, with their text rendering."""
+    table = Table(title=title, title_justify="left")
+    for name in ("id", "occurred", "kind", "text"):
+        table.add_column(name)
+    for e in events:
+        table.add_row(e.id[:8], when(e.occurred_at), e.kind, _short(e.text, 70))
+    return table
+
+
+def stats_table(project_id: str, stats: context_pb2.GetStatsOverviewResponse) -> Table:
+    """The stats overview of a project."""
+    table = Table(title=f"stats of {project_id}", title_justify="left", show_header=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    rows = (
+        ("context calls", f"{stats.context_calls}"),
+        ("injection rate", f"{stats.injection_rate:.1%}"),
+        ("calls serving facts", f"{stats.calls_serving_facts}"),
+        ("empty calls", f"{stats.calls_empty}"),
+        ("latency p50 / p95 / p99", (
+            f"{stats.latency_p50_ms:.1f} / {stats.latency_p95_ms:.1f} / "
+            f"{stats.latency_p99_ms:.1f} ms"
+        )),
+        ("mean tokens used", f"{stats.mean_tokens_used:.1f}"),
+    )  # fmt: skip
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,296 @@
+"""The client commands of `satchel` (context, trace, watch, facts, events, stats, demo, and the
+SDK-based talents resolve / doctor), as subprocesses against the in-process server (run in a
+thread: the server shares this test's event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_client import Recorder, WatchingContext
+
+from satchel.v1 import context_pb2_grpc
+
+SATCHEL = str(Path(sys.executable).parent / "satchel")
+CLIENT_ENV_VARS = ("SATCHEL_ADDRESS", "SATCHEL_API_KEY", "COLUMNS")
+
+
+async def satchel(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_VARS}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [SATCHEL, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**base, **(env or {})},
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+async def demo(address: str, project_id: str) -> list[dict[str, Any]]:
+    out = ok(await satchel("demo", "--project", project_id, "--json", "--address", address))
+    return json_lines(out)
+
+
+async def test_demo_loads_the_sample_and_streams_a_context_call(
+    address: str, project_id: str
+) -> None:
+    lines = await demo(address, project_id)
+    loaded = lines[0]["demo"]
+    assert loaded == {
+        "address": address,
+        "embedded": False,
+        "project_id": project_id,
+        "subject_id": "maya",
+        "events": 10,
+        "facts": 12,
+        "open_conflicts": 1,
+        "talents": 5,
+    }
+    stream, talents = lines[1:-1], lines[-1]["talents"]
+    decisions = [m["decision"] for m in stream[:-1]]
+    packet = stream[-1]["packet"]
+    assert len({m["trace_id"] for m in stream}) == 1
+    assert [d["sequence"] for d in decisions] == list(range(1, len(decisions) + 1))
+    reasons = [d["reason_code"] for d in decisions]
+    assert reasons.count("conflict_open") == 2 and reasons.count("volatility_expired") == 1
+    assert "over_budget" in reasons  # the demo budget is small on purpose
+    assert packet["status"] == "PACKET_STATUS_DEGRADED" and len(packet["warnings"]) == 2
+    assert 0 < packet["tokens_used"] <= packet["budget_tokens"] == 120
+    assert talents["selected"] and talents["compiled"].startswith("<satchel_talents>")
+    assert talents["relevance"] == "RELEVANCE_MODE_EMBEDDINGS"
+
+    again = await demo(address, project_id)  # idempotent: nothing is written twice
+    assert again[0]["demo"]["facts"] == 12
+    facts = json.loads(
+        ok(
+            await satchel(
+                "facts",
+                "--project",
+                project_id,
+                "--subject",
+                "maya",
+                "--all",
+                "--json",
+                "--address",
+                address,
+            )
+        )
+    )
+    assert len(facts["facts"]) == 12
+    events = json.loads(
+        ok(
+            await satchel(
+                "events",
+                "--project",
+                project_id,
+                "--subject",
+                "maya",
+                "--json",
+                "--address",
+                address,
+            )
+        )
+    )
+    assert len(events["events"]) == 10
+
+
+async def test_context_trace_facts_events_and_stats_json(address: str, project_id: str) -> None:
+    await demo(address, project_id)
+    scope = ("--project", project_id, "--subject", "maya", "--address", address)
+
+    lines = json_lines(
+        ok(await satchel("context", *scope, "--query", "What does Maya eat?", "--json"))
+    )
+    assert all("decision" in m for m in lines[:-1]) and "packet" in lines[-1]
+    packet = lines[-1]["packet"]
+    assert packet["budget_tokens"] == 900
+    assert "Maya is vegetarian" in [f["statement"] for f in packet["facts"]]
+    trace_id = lines[0]["trace_id"]
+
+    trace = json.loads(
+        ok(
+            await satchel(
+                "trace", trace_id, "--project", project_id, "--json", "--address", address
+            )
+        )
+    )
+    assert trace["trace_id"] == trace_id and trace["query"] == "What does Maya eat?"
+    assert [d["candidate_id"] for d in trace["decisions"]] == [
+        m["decision"]["candidate_id"] for m in lines[:-1]
+    ]
+
+    active = json.loads(ok(await satchel("facts", *scope, "--json")))["facts"]
+    assert len(active) == 12 and {f["status"] for f in active} == {"FACT_STATUS_ACTIVE"}
+    before = json.loads(ok(await satchel("facts", *scope, "--as-of", "2001-01-01", "--json")))
+    assert before["facts"] == []
+    limited = json.loads(ok(await satchel("facts", *scope, "--limit", "3", "--json")))
+    assert len(limited["facts"]) == 3
+
+    events = json.loads(ok(await satchel("events", *scope, "--limit", "4", "--json")))["events"]
+    assert len(events) == 4
+    times = [e["occurred_at"] for e in events]
+    assert times == sorted(times, reverse=True)
+
+    stats = json.loads(
+        ok(await satchel("stats", "--project", project_id, "--json", "--address", address))
+    )
+    assert stats["context_calls"] == "2"  # int64 is a JSON string
+    assert stats["injection_rate"] == 1.0 and stats["hit_rate"] == 1.0
+
+    prompt = ok(await satchel("context", *scope, "--query", "What does Maya eat?", "--prompt"))
+    assert prompt.startswith("<satchel_memory>\nKnown facts:\n")
+    assert prompt.rstrip().endswith("</satchel_memory>")
+
+
+async def test_human_output_tables_and_budget_bar(address: str, project_id: str) -> None:
+    await demo(address, project_id)
+    scope = ("--project", project_id, "--subject", "maya", "--address", address)
+    out = ok(await satchel("context", *scope, "--query", "Lisbon trip", "--budget", "60"))
+    assert "candidate" in out and "conflict_open" in out and "over_budget" in out
+    assert "budget" in out and "/60 tokens" in out
+    assert "<satchel_memory>" in out and "status degraded" in out
+    trace_id = out.split("replay: satchel trace ")[1].split()[0]
+    replay = ok(await satchel("trace", trace_id, "--project", project_id, "--address", address))
+    assert "volatility_expired" in replay and "/60 tokens" in replay
+    facts = ok(await satchel("facts", *scope, "--all"))
+    assert "Maya is vegetarian" in facts and "12 fact(s)" in facts
+    stats = ok(await satchel("stats", "--project", project_id, "--address", address))
+    assert "injection rate" in stats and "100.0%" in stats
+
+
+async def test_talents_resolve_and_doctor_through_the_sdk(address: str, project_id: str) -> None:
+    await demo(address, project_id)
+    selection = json.loads(
+        ok(
+            await satchel(
+                "talents",
+                "resolve",
+                "--project",
+                project_id,
+                "--task",
+                "Fix a slow SQL query timeout",
+                "--relevance",
+                "embeddings",
+                "--json",
+                "--address",
+                address,
+            )
+        )
+    )
+    assert selection["selected"][0]["talent_id"] == "demo.sql.performance"
+    doctor = await satchel("doctor", "--project", project_id, "--json", "--address", address)
+    assert doctor.returncode == 0, doctor.stderr
+    assert json.loads(doctor.stdout)["findings"] == []
+
+
+async def test_errors_exit_1_with_the_field_violations(address: str, project_id: str) -> None:
+    bad = await satchel(
+        "context",
+        "--project",
+        project_id,
+        "--subject",
+        "s",
+        "--query",
+        "q",
+        "--budget",
+        "0",
+        "--address",
+        address,
+    )
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr == (
+        "satchel: INVALID_ARGUMENT: budget_tokens: must be a positive integer at most 100000\n"
+    )
+    missing = await satchel(
+        "trace",
+        "00000000-0000-0000-0000-000000000000",
+        "--project",
+        project_id,
+        "--address",
+        address,
+    )
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+    down = await satchel("stats", "--project", project_id, "--address", "127.0.0.1:1")
+    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr and "127.0.0.1:1" in down.stderr
+
+
+@pytest.fixture
+async def watch_server() -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    context_pb2_grpc.add_ContextServiceServicer_to_server(WatchingContext(Recorder()), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+async def test_watch_prints_json_lines(watch_server: str) -> None:
+    out = ok(
+        await satchel(
+            "watch", "--project", "p", "--subject", "s-9", "--json", "--address", watch_server
+        )
+    )
+    lines = json_lines(out)
+    assert [("decision" in m, "packet" in m) for m in lines] == [
+        (True, False),
+        (True, False),
+        (False, True),
+    ]
+    assert {m["subject_id"] for m in lines} == {"s-9"}
+    human = ok(await satchel("watch", "--project", "p", "--address", watch_server))
+    assert "watching p on" in human and "packet: 0 fact(s)" in human
+
+
+async def test_watch_explains_a_server_without_watch_traces() -> None:
+    bare = grpc.aio.server()  # no service at all: every method is UNIMPLEMENTED
+    port = bare.add_insecure_port("127.0.0.1:0")
+    await bare.start()
+    try:
+        result = await satchel("watch", "--project", "p", "--address", f"127.0.0.1:{port}")
+    finally:
+        await bare.stop(0)
+    assert result.returncode == 1
+    assert "does not stream traces yet (WatchTraces is UNIMPLEMENTED there)" in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_demo_without_a_server_starts_an_embedded_one(
+    pg_dsn: str, project_id: str, tmp_path: Path
+) -> None:
+    env = {
+        "SATCHEL_DATABASE_URL": pg_dsn,
+        "SATCHEL_DATA_DIR": str(tmp_path),
+        "SATCHEL_LISTEN": f"127.0.0.1:{free_port()}",  # nothing serves there
+    }
+    result = await satchel("demo", "--project", project_id, "--json", env=env)
+    lines = json_lines(ok(result))
+    assert lines[0]["demo"]["embedded"] is True
+    assert lines[0]["demo"]["address"] != env["SATCHEL_LISTEN"]
+    assert "packet" in lines[-2] and lines[-2]["packet"]["facts"]
+    assert "talents" in lines[-1]
