@@ -20,6 +20,8 @@ from satchel.server.runtime import Runtime, RuntimeRef
 from satchel.server.storage.embedded import EmbeddedPostgres
 from satchel.server.storage.migrations import apply_migrations, check_embedding_schema
 from satchel.server.storage.pool import create_pool
+from satchel.server.telemetry import Telemetry
+from satchel.server.watch import TraceHub
 from satchel.v1 import (
     context_pb2,
     context_pb2_grpc,
@@ -47,13 +49,20 @@ class SatchelServer:
         self.runtime = RuntimeRef()
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
+        self.telemetry = Telemetry.from_settings(settings, self.runtime)
+        self.metrics_port: int | None = None
         self._embedded: EmbeddedPostgres | None = None
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         """Listen (NOT_SERVING), prepare database and model, then report SERVING."""
+        # The telemetry interceptor (when enabled) is outermost: it sees every final status.
+        telemetry = self.telemetry.interceptor()
         server = grpc.aio.server(
-            interceptors=[ServiceInterceptor(lambda: self.runtime.value is not None)],
+            interceptors=[
+                *([telemetry] if telemetry is not None else []),
+                ServiceInterceptor(lambda: self.runtime.value is not None),
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -72,6 +81,11 @@ class SatchelServer:
         await server.start()
         self._server = server
         log.info("server_listening", address=self.settings.listen, port=self.port)
+        self.metrics_port = await self.telemetry.start(self.settings.metrics_listen)
+        if self.metrics_port is not None:
+            log.info(
+                "metrics_listening", address=self.settings.metrics_listen, port=self.metrics_port
+            )
         self.runtime.value = await self._prepare_runtime()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("server_ready", embedding_model=self.runtime.value.embedder.model_id)
@@ -99,7 +113,15 @@ class SatchelServer:
             ef_search=settings.hnsw_ef_search,
         )
         await pool.open(wait=True, timeout=30)
-        return Runtime(settings=settings, pool=pool, embedder=embedder)
+        traces = TraceHub(dsn, pool, queue_size=settings.context.watch_queue_traces)
+        await traces.start()
+        return Runtime(
+            settings=settings,
+            pool=pool,
+            embedder=embedder,
+            telemetry=self.telemetry,
+            traces=traces,
+        )
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ("", *SERVICE_NAMES):
@@ -112,6 +134,10 @@ class SatchelServer:
     async def stop(self) -> None:
         """Refuse new calls, let in-flight ones finish within the grace period, release all."""
         await self.health.enter_graceful_shutdown()
+        if self.runtime.value is not None and self.runtime.value.traces is not None:
+            # Watch streams never end on their own: end them now (UNAVAILABLE, watch again
+            # elsewhere) instead of holding the drain for the whole grace period.
+            await self.runtime.value.traces.close()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         runtime, self.runtime.value = self.runtime.value, None
@@ -121,4 +147,5 @@ class SatchelServer:
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
             self._embedded = None
+        await self.telemetry.stop()
         log.info("server_stopped")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+OTEL_MODES = ("off", "otlp", "console", "global")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,8 @@ class ContextSettings:
     recency_tau_days: float = 30.0
     multi_hop_max_entities: int = 2
     multi_hop_max_per_entity: int = 5
+    # WatchTraces: calls queued per watcher before whole calls are dropped for it.
+    watch_queue_traces: int = 64
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ class Settings:
     shutdown_grace_seconds: float = 10.0
     log_level: str = "info"
     log_format: str = "json"
+    # Prometheus metrics endpoint (host:port); empty: off.
+    metrics_listen: str = ""
+    # OpenTelemetry spans: off | otlp | console | global.
+    otel: str = "off"
     context: ContextSettings = field(default_factory=ContextSettings)
     talents: TalentSettings = field(default_factory=TalentSettings)
 
@@ -124,6 +131,12 @@ class Settings:
             (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
             (":" in self.listen, "SATCHEL_LISTEN must be host:port"),
+            (
+                not self.metrics_listen or ":" in self.metrics_listen,
+                "SATCHEL_METRICS_LISTEN must be host:port (or empty: off)",
+            ),
+            (self.otel in OTEL_MODES, "SATCHEL_OTEL is off|otlp|console|global"),
+            (c.watch_queue_traces >= 1, "SATCHEL_WATCH_QUEUE_TRACES must be at least 1"),
         ]
         for ok, message in checks:
             if not ok:

@@ -245,4 +245,5 @@ async def assemble(
     )
     async with pool.connection() as conn:
         await store.save_trace(conn, call, [_trace_row(d) for d in packer.decisions])
+    runtime.telemetry.observe_call(call)
     yield packet

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from psycopg_pool import AsyncConnectionPool
 
 from satchel.server.config import Settings
 from satchel.server.embedding.port import Embedder
+from satchel.server.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from satchel.server.watch import TraceHub
 
 
 @dataclass
@@ -26,11 +32,23 @@ class Runtime:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
     )
+    # Metrics and spans (no-op unless SATCHEL_METRICS_LISTEN / SATCHEL_OTEL enable them).
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    # WatchTraces' listener and local watchers (None where nothing is watched, e.g. tools).
+    traces: TraceHub | None = None
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts off the event loop."""
+        batch = list(texts)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self.embedder.embed, list(texts))
+        with self.telemetry.span("satchel.embed", {"satchel.texts": len(batch)}):
+            return await loop.run_in_executor(self.executor, self._embed_timed, batch)
+
+    def _embed_timed(self, texts: list[str]) -> np.ndarray:
+        started = time.perf_counter()
+        vectors = self.embedder.embed(texts)
+        self.telemetry.observe_embedding(time.perf_counter() - started, len(texts))
+        return vectors
 
     async def embed_query(self, text: str) -> np.ndarray:
         """Embed one query (with the model's query prefix)."""

@@ -227,16 +227,18 @@ class WatchTracesRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ...) -> None: ...
 
 class WatchTracesResponse(_message.Message):
-    __slots__ = ("trace_id", "subject_id", "decision", "packet")
+    __slots__ = ("trace_id", "subject_id", "decision", "packet", "dropped_traces")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     PACKET_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_TRACES_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     subject_id: str
     decision: Decision
     packet: ContextPacket
-    def __init__(self, trace_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., packet: _Optional[_Union[ContextPacket, _Mapping]] = ...) -> None: ...
+    dropped_traces: int
+    def __init__(self, trace_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., packet: _Optional[_Union[ContextPacket, _Mapping]] = ..., dropped_traces: _Optional[int] = ...) -> None: ...
 
 class GetStatsOverviewRequest(_message.Message):
     __slots__ = ("project_id",)

@@ -90,8 +90,10 @@ class ContextServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchTraces(self, request, context):
-        """WatchTraces streams the live decisions of every context call of a project (or one subject),
-        whichever replica serves them.
+        """WatchTraces streams the decisions of every context call of a project (or one subject),
+        whichever replica serves them, as each call commits: its decisions in order, then its
+        packet. The stream's initial metadata is sent once the watch is registered; every call
+        committed after that is sent, unless the watcher falls behind (see dropped_traces).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

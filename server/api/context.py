@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -16,11 +16,12 @@ from satchel.server.api.validation import (
     MAX_QUERY_CHARS,
     check_id,
     check_text,
+    check_timestamp,
     parse_uuid,
 )
 from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, assemble
 from satchel.server.domain import packing
-from satchel.server.errors import InvalidArgument, NotFound, Violations
+from satchel.server.errors import InvalidArgument, NotFound, Unavailable, Violations
 from satchel.server.runtime import RuntimeRef
 from satchel.server.storage import context as store
 from satchel.v1 import context_pb2 as pb
@@ -116,6 +117,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         check_id(violations, "project_id", request.project_id)
         check_id(violations, "subject_id", request.subject_id)
         check_text(violations, "query", request.query, max_chars=MAX_QUERY_CHARS, required=True)
+        as_of = check_timestamp(
+            violations, "as_of", request.as_of, present=request.HasField("as_of")
+        )
         violations.raise_if_any()
         settings = self._runtime().settings.context
         budget = (
@@ -128,7 +132,6 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
                 [("budget_tokens", f"must be a positive integer at most {MAX_BUDGET_TOKENS}")],
                 reason="BUDGET_EXCEEDED",
             )
-        as_of = request.as_of.ToDatetime(tzinfo=UTC) if request.HasField("as_of") else None
         return ContextRequest(
             project_id=request.project_id,
             subject_id=request.subject_id,
@@ -178,6 +181,39 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         call, decisions = found
         return pb.GetTraceResponse(trace=trace_message(call, decisions))
 
+    async def WatchTraces(
+        self, request: pb.WatchTracesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchTracesResponse]:
+        violations = Violations()
+        check_id(violations, "project_id", request.project_id)
+        subject = request.subject_id if request.HasField("subject_id") else None
+        if subject is not None:
+            check_id(violations, "subject_id", subject)
+        violations.raise_if_any()
+        hub = self._runtime().traces
+        if hub is None:
+            raise Unavailable("this server does not watch traces", reason="NOT_READY")
+        async with hub.watch(request.project_id, subject) as watcher:
+            # The client may wait for these headers: every call committed from now on is sent
+            # (or counted in dropped_traces).
+            await context.send_initial_metadata(())
+            async for call in hub.calls(watcher):
+                dropped = watcher.dropped
+                for row in call.decisions:
+                    yield pb.WatchTracesResponse(
+                        trace_id=call.trace_id,
+                        subject_id=call.subject_id,
+                        decision=decision_row_message(row),
+                        dropped_traces=dropped,
+                    )
+                yield pb.WatchTracesResponse(
+                    trace_id=call.trace_id,
+                    subject_id=call.subject_id,
+                    packet=packet_message(call.packet),
+                    dropped_traces=dropped,
+                )
+        raise Unavailable("the server is stopping: watch again", reason="SHUTTING_DOWN")
+
     async def GetStatsOverview(
         self, request: pb.GetStatsOverviewRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetStatsOverviewResponse:
@@ -221,21 +257,23 @@ def trace_message(call: dict[str, Any], decisions: list[dict[str, Any]]) -> pb.T
             pack_ms=call["pack_ms"],
             total_ms=call["total_ms"],
         ),
-        decisions=[
-            pb.Decision(
-                sequence=d["sequence"],
-                candidate_id=str(d["candidate_id"]),
-                candidate_kind=KINDS[d["candidate_kind"]],
-                outcome=OUTCOMES[d["outcome"]],
-                reason_code=d["reason_code"],
-                score=d["score"],
-                similarity=d["similarity"],
-                text_rank=d["text_rank"],
-                recency=d["recency"],
-                tokens=d["tokens"],
-                budget_used=d["budget_used"],
-                preview=d["preview"],
-            )
-            for d in decisions
-        ],
+        decisions=[decision_row_message(d) for d in decisions],
+    )
+
+
+def decision_row_message(d: dict[str, Any]) -> pb.Decision:
+    """A persisted decision row as the wire Decision."""
+    return pb.Decision(
+        sequence=d["sequence"],
+        candidate_id=str(d["candidate_id"]),
+        candidate_kind=KINDS[d["candidate_kind"]],
+        outcome=OUTCOMES[d["outcome"]],
+        reason_code=d["reason_code"],
+        score=d["score"],
+        similarity=d["similarity"],
+        text_rank=d["text_rank"],
+        recency=d["recency"],
+        tokens=d["tokens"],
+        budget_used=d["budget_used"],
+        preview=d["preview"],
     )

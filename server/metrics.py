@@ -1,0 +1,235 @@
+"""Prometheus metrics of one server (imported only when SATCHEL_METRICS_LISTEN is set).
+
+Each server has its own registry (several servers may share a process, as in the tests) served
+over HTTP by prometheus-client on its own thread. Pool and WatchTraces figures are read from the
+runtime at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from satchel.server.config import ConfigError
+
+if TYPE_CHECKING:
+    from satchel.server.runtime import RuntimeRef
+    from satchel.server.storage.context import CallRecord
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class Metrics:
+    """The metrics of one server and the HTTP endpoint that serves them."""
+
+    def __init__(self, runtime: RuntimeRef | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.rpc_handled = Counter(
+            "satchel_rpc_handled",
+            "RPCs completed, by service, method and final status code.",
+            ["service", "method", "code"],
+            registry=r,
+        )
+        self.rpc_duration = Histogram(
+            "satchel_rpc_duration_seconds",
+            "RPC duration (whole stream for streaming RPCs), by service, method and code.",
+            ["service", "method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rpc_in_flight = Gauge(
+            "satchel_rpc_in_flight", "RPCs being served.", ["service", "method"], registry=r
+        )
+        self.context_phase = Histogram(
+            "satchel_context_phase_seconds",
+            "Time of each phase of a context call (embed, retrieve, pack, total), from its trace.",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.context_calls = Counter(
+            "satchel_context_calls",
+            "Persisted context calls, by packet status and whether facts were served.",
+            ["status", "served_facts"],
+            registry=r,
+        )
+        self.context_tokens = Histogram(
+            "satchel_context_tokens_used",
+            "Tokens of each served packet.",
+            buckets=(0, 50, 100, 200, 400, 800, 1600, 3200, 6400),
+            registry=r,
+        )
+        self.embedding = Histogram(
+            "satchel_embedding_seconds",
+            "Model time of one embedding batch (queries and ingested texts).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.embedded_texts = Counter(
+            "satchel_embedded_texts", "Texts embedded by the model.", registry=r
+        )
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
+        if runtime is not None:
+            r.register(RuntimeCollector(runtime))
+        self._http: Any = None
+        self._thread: Any = None
+
+    def rpc_started(self, service: str, method: str) -> None:
+        """An RPC began."""
+        self.rpc_in_flight.labels(service, method).inc()
+
+    def rpc_finished(self, service: str, method: str, code: str, seconds: float) -> None:
+        """An RPC ended with `code` after `seconds`."""
+        self.rpc_in_flight.labels(service, method).dec()
+        self.rpc_handled.labels(service, method, code).inc()
+        self.rpc_duration.labels(service, method, code).observe(seconds)
+
+    def observe_call(self, call: CallRecord) -> None:
+        """The phases of a persisted context call."""
+        for phase, ms in (
+            ("embed", call.embed_ms),
+            ("retrieve", call.retrieve_ms),
+            ("pack", call.pack_ms),
+            ("total", call.total_ms),
+        ):
+            self.context_phase.labels(phase).observe(ms / 1000)
+        served = "true" if call.facts_served > 0 else "false"
+        self.context_calls.labels(call.status, served).inc()
+        self.context_tokens.observe(call.tokens_used)
+
+    def observe_embedding(self, seconds: float, texts: int) -> None:
+        """One embedding batch."""
+        self.embedding.observe(seconds)
+        self.embedded_texts.inc(texts)
+
+    async def serve(self, listen: str) -> int:
+        """Serve /metrics on `listen` (host:port, port 0 picks one); the bound port."""
+        host, _, port = listen.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        try:
+            self._http, self._thread = await asyncio.to_thread(
+                start_http_server, int(port), host, self.registry
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"SATCHEL_METRICS_LISTEN={listen!r}: {exc}") from exc
+        return int(self._http.server_port)
+
+    async def close(self) -> None:
+        """Stop the HTTP endpoint."""
+        if self._http is not None:
+            http, self._http = self._http, None
+            await asyncio.to_thread(http.shutdown)
+            http.server_close()
+
+
+class RuntimeCollector(Collector):
+    """Connection pool (psycopg_pool get_stats) and WatchTraces figures, read at scrape time."""
+
+    # get_stats() keys exported as counters (cumulative) and their metric names.
+    POOL_COUNTERS = (
+        ("requests_num", "satchel_db_pool_requests", "Connections requested from the pool."),
+        ("requests_queued", "satchel_db_pool_requests_queued", "Requests that had to wait."),
+        ("requests_errors", "satchel_db_pool_requests_errors", "Requests that failed (timeout)."),
+        ("connections_num", "satchel_db_pool_connections_opened", "Connections opened."),
+        ("connections_errors", "satchel_db_pool_connections_errors", "Failed connection attempts."),
+        ("connections_lost", "satchel_db_pool_connections_lost", "Connections found broken."),
+        ("returns_bad", "satchel_db_pool_returns_bad", "Connections returned in a bad state."),
+    )
+    POOL_MS_COUNTERS = (
+        (
+            "requests_wait_ms",
+            "satchel_db_pool_wait_seconds",
+            "Time spent waiting for a connection.",
+        ),
+        ("usage_ms", "satchel_db_pool_usage_seconds", "Time connections were checked out."),
+    )
+
+    def __init__(self, runtime: RuntimeRef) -> None:
+        self._runtime = runtime
+
+    def describe(self) -> list[Metric]:
+        # Dynamic: described at collection time, never at registration (runtime not ready).
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        runtime = self._runtime.value
+        if runtime is None:
+            return
+        stats = runtime.pool.get_stats()
+        connections = GaugeMetricFamily(
+            "satchel_db_pool_connections",
+            "Pool connections by state (size: open, available: idle, min/max: bounds).",
+            labels=["state"],
+        )
+        for state, key in (
+            ("size", "pool_size"),
+            ("available", "pool_available"),
+            ("min", "pool_min"),
+            ("max", "pool_max"),
+        ):
+            connections.add_metric([state], stats.get(key, 0))
+        yield connections
+        yield GaugeMetricFamily(
+            "satchel_db_pool_requests_waiting",
+            "Requests waiting for a connection now.",
+            value=stats.get("requests_waiting", 0),
+        )
+        for key, name, doc in self.POOL_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=stats.get(key, 0))
+        for key, name, doc in self.POOL_MS_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=stats.get(key, 0) / 1000)
+        hub = runtime.traces
+        if hub is not None:
+            yield GaugeMetricFamily(
+                "satchel_watch_streams", "WatchTraces streams served.", value=hub.watchers
+            )
+            yield GaugeMetricFamily(
+                "satchel_watch_listener_connected",
+                "1 when the LISTEN connection is up.",
+                value=1 if hub.stats.connected else 0,
+            )
+            for name, doc, value in (
+                ("satchel_watch_notifications", "Calls announced.", hub.stats.notifications),
+                (
+                    "satchel_watch_dropped_traces",
+                    "Calls skipped for watchers that fell behind.",
+                    hub.stats.dropped,
+                ),
+                (
+                    "satchel_watch_caught_up",
+                    "Calls recovered after a reconnection.",
+                    hub.stats.caught_up,
+                ),
+                ("satchel_watch_reconnects", "Listener reconnections.", hub.stats.reconnects),
+            ):
+                yield CounterMetricFamily(name, doc, value=value)

@@ -1,0 +1,178 @@
+"""Prometheus metrics and OpenTelemetry spans of a real server; nothing loaded when off."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import urllib.request
+from dataclasses import replace
+
+import grpc
+import pytest
+from memory_helpers import expect_error
+from prometheus_client.parser import text_string_to_metric_families
+from test_context import CAROLINE, assert_facts, context_stub
+
+from satchel.server.config import ConfigError, Settings
+from satchel.v1 import context_pb2 as pb
+
+CONTEXT = "satchel.v1.ContextService"
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture(scope="module")
+def span_exporter():
+    """The process-wide tracer provider (SATCHEL_OTEL=global), recording spans in memory."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
+async def test_metrics_and_spans_after_some_calls(
+    settings: Settings, project_id: str, span_exporter
+) -> None:
+    from satchel.server.app import SatchelServer
+
+    observed = SatchelServer(replace(settings, metrics_listen="127.0.0.1:0", otel="global"))
+    await observed.start()
+    try:
+        assert observed.metrics_port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{observed.port}") as chan:
+            await assert_facts(chan, project_id, CAROLINE)
+            span_exporter.clear()
+            stub = context_stub(chan)
+            request = {"project_id": project_id, "subject_id": "user-1", "query": "Caroline?"}
+            reply = await stub.AssembleContext(pb.AssembleContextRequest(**request))
+            await stub.AssembleContext(pb.AssembleContextRequest(**request))
+            streamed = [m async for m in stub.StreamContext(pb.StreamContextRequest(**request))]
+            code, _, _ = await expect_error(
+                stub.AssembleContext(pb.AssembleContextRequest(project_id=project_id))
+            )
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
+            assert reply.packet.facts and streamed[-1].HasField("packet")
+            watching = stub.WatchTraces(pb.WatchTracesRequest(project_id=project_id))
+            await watching.initial_metadata()
+            samples = await asyncio.to_thread(_scrape, observed.metrics_port)
+            assert _value(samples, "satchel_watch_streams") == 1
+            watching.cancel()
+            cancelled = {"service": CONTEXT, "method": "WatchTraces", "code": "CANCELLED"}
+            for _ in range(100):  # the server learns of the cancellation asynchronously
+                samples = await asyncio.to_thread(_scrape, observed.metrics_port)
+                if _value(samples, "satchel_rpc_handled_total", **cancelled) == 1:
+                    break
+                await asyncio.sleep(0.05)
+
+        samples = await asyncio.to_thread(_scrape, observed.metrics_port)
+        handled = "satchel_rpc_handled_total"
+        assert _value(samples, handled, service=CONTEXT, method="AssembleContext", code="OK") == 2
+        assert _value(samples, handled, service=CONTEXT, method="StreamContext", code="OK") == 1
+        assert (
+            _value(
+                samples, handled, service=CONTEXT, method="AssembleContext", code="INVALID_ARGUMENT"
+            )
+            == 1
+        )
+        assert (
+            _value(
+                samples,
+                "satchel_rpc_duration_seconds_count",
+                service=CONTEXT,
+                method="AssembleContext",
+                code="OK",
+            )
+            == 2
+        )
+        assert _value(
+            samples,
+            "satchel_rpc_handled_total",
+            service="satchel.v1.MemoryService",
+            method="AssertFact",
+            code="OK",
+        ) == len(CAROLINE)
+        assert _value(samples, handled, **cancelled) == 1
+        assert _value(samples, "satchel_watch_streams") == 0
+        for phase in ("embed", "retrieve", "pack", "total"):
+            assert _value(samples, "satchel_context_phase_seconds_count", phase=phase) == 3
+        assert _value(samples, "satchel_context_phase_seconds_sum", phase="total") > 0
+        assert _value(samples, "satchel_context_calls_total", status="ok", served_facts="true") == 3
+        # The facts' statements and the three queries were embedded.
+        assert _value(samples, "satchel_embedding_seconds_count") >= 3
+        assert _value(samples, "satchel_embedded_texts_total") >= len(CAROLINE) + 3
+        assert _value(samples, "satchel_db_pool_connections", state="size") >= 1
+        assert _value(samples, "satchel_db_pool_connections", state="max") == settings.db_pool_max
+        assert _value(samples, "satchel_db_pool_requests_total") > 0
+        assert ("satchel_watch_listener_connected", ()) in samples
+        assert _value(samples, "satchel_watch_listener_connected") == 1
+        assert _value(samples, "process_resident_memory_bytes") > 0
+
+        spans = span_exporter.get_finished_spans()
+        by_name: dict[str, list] = {}
+        for span in spans:
+            by_name.setdefault(span.name, []).append(span)
+        rpcs = by_name[f"{CONTEXT}/AssembleContext"]
+        assert len(rpcs) == 3  # two OK, one INVALID_ARGUMENT
+        assert len(by_name[f"{CONTEXT}/StreamContext"]) == 1
+        calls = by_name["satchel.context"]
+        assert len(calls) == 3
+        rpc_ids = {s.context.span_id for s in rpcs + by_name[f"{CONTEXT}/StreamContext"]}
+        for call in calls:
+            assert call.parent is not None and call.parent.span_id in rpc_ids
+            assert call.attributes["satchel.project_id"] == project_id
+        call_ids = {s.context.span_id for s in calls}
+        for phase in ("embed", "retrieve", "pack"):
+            phase_spans = by_name[f"satchel.context.{phase}"]
+            assert len(phase_spans) == 3
+            assert all(s.parent.span_id in call_ids for s in phase_spans)
+        embeds = by_name["satchel.embed"]
+        assert all(s.parent is not None and s.parent.span_id in rpc_ids for s in embeds)
+        assert {s.attributes["rpc.grpc.status_code"] for s in rpcs} == {0, 3}
+    finally:
+        await observed.stop()
+
+
+async def test_nothing_is_imported_when_telemetry_is_off() -> None:
+    code = (
+        "import sys; from satchel.server.app import SatchelServer;"
+        "from satchel.server.config import Settings;"
+        "server = SatchelServer(Settings.from_env({}));"
+        "assert server.telemetry.interceptor() is None;"
+        "print(sorted(m for m in ('prometheus_client', 'opentelemetry') if m in sys.modules))"
+    )
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_telemetry_settings_are_validated() -> None:
+    assert Settings.from_env({"SATCHEL_OTEL": "otlp"}).otel == "otlp"
+    assert Settings.from_env({"SATCHEL_METRICS_LISTEN": "0.0.0.0:9464"}).metrics_listen
+    for env in (
+        {"SATCHEL_OTEL": "yes"},
+        {"SATCHEL_METRICS_LISTEN": "9464"},
+        {"SATCHEL_WATCH_QUEUE_TRACES": "0"},
+    ):
+        with pytest.raises(ConfigError):
+            Settings.from_env(env)
