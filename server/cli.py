@@ -96,6 +96,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "satchel.server.commands.context_cmds",
     "satchel.server.commands.memory_cmds",
     "satchel.server.commands.demo",
+    "satchel.server.commands.eval",
 )
 
 
