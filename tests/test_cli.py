@@ -294,3 +294,45 @@ async def test_demo_without_a_server_starts_an_embedded_one(
     assert lines[0]["demo"]["address"] != env["SATCHEL_LISTEN"]
     assert "packet" in lines[-2] and lines[-2]["packet"]["facts"]
     assert "talents" in lines[-1]
+
+
+async def test_watch_follows_the_calls_of_the_real_server(address: str, project_id: str) -> None:
+    from satchel.v1 import context_pb2
+
+    base = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_VARS}
+    proc = await asyncio.create_subprocess_exec(
+        SATCHEL,
+        "watch",
+        "--project",
+        project_id,
+        "--json",
+        "--address",
+        address,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=base,
+    )
+    trace_ids: set[str] = set()
+    seen: list[dict[str, Any]] = []
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = context_pb2_grpc.ContextServiceStub(channel)
+            request = context_pb2.AssembleContextRequest(
+                project_id=project_id, subject_id="watched", query="anything new?"
+            )
+            for _ in range(60):  # the watcher registers a moment after it starts
+                trace_ids.add((await stub.AssembleContext(request)).trace_id)
+                try:
+                    line = await asyncio.wait_for(proc.stdout.readline(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                seen.append(json.loads(line))
+                break
+            while "packet" not in seen[-1]:
+                seen.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)))
+    finally:
+        proc.terminate()
+        await proc.wait()
+    assert seen, "the watcher printed nothing"
+    assert seen[-1]["trace_id"] in trace_ids and seen[-1]["subject_id"] == "watched"
+    assert {m["trace_id"] for m in seen} == {seen[-1]["trace_id"]}
