@@ -13,10 +13,13 @@ from grpc_reflection.v1alpha import reflection
 from satchel.server.api.context import ContextServicer
 from satchel.server.api.memory import MemoryServicer
 from satchel.server.api.talents import TalentServicer
+from satchel.server.auth import AccessInterceptor, KeyCache, Principal
 from satchel.server.config import Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.interceptors import ServiceInterceptor
+from satchel.server.probe import DatabaseProbe
 from satchel.server.runtime import Runtime, RuntimeRef
+from satchel.server.storage import keys as key_store
 from satchel.server.storage.embedded import EmbeddedPostgres
 from satchel.server.storage.migrations import apply_migrations, check_embedding_schema
 from satchel.server.storage.pool import create_pool
@@ -53,6 +56,19 @@ class SatchelServer:
         self.metrics_port: int | None = None
         self._embedded: EmbeddedPostgres | None = None
         self._server: grpc.aio.Server | None = None
+        self._dsn = ""
+        self.probe: DatabaseProbe | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self.keys = (
+            KeyCache(self._lookup_key, settings.auth_cache_seconds)
+            if settings.auth_required()
+            else None
+        )
+        self.access = AccessInterceptor(
+            keys=self.keys,
+            max_streams_per_client=settings.max_streams_per_client,
+            database_up=lambda: self.probe is None or self.probe.up,
+        )
 
     async def start(self) -> None:
         """Listen (NOT_SERVING), prepare database and model, then report SERVING."""
@@ -62,6 +78,7 @@ class SatchelServer:
             interceptors=[
                 *([telemetry] if telemetry is not None else []),
                 ServiceInterceptor(lambda: self.runtime.value is not None),
+                self.access,
             ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -77,10 +94,11 @@ class SatchelServer:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = server.add_insecure_port(self.settings.listen)
+        self.port = self._add_port(server)
         await server.start()
         self._server = server
         log.info("server_listening", address=self.settings.listen, port=self.port)
+        self._log_access()
         self.metrics_port = await self.telemetry.start(self.settings.metrics_listen)
         if self.metrics_port is not None:
             log.info(
@@ -88,6 +106,7 @@ class SatchelServer:
             )
         self.runtime.value = await self._prepare_runtime()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._start_probe()
         log.info("server_ready", embedding_model=self.runtime.value.embedder.model_id)
 
     async def _prepare_runtime(self) -> Runtime:
@@ -100,6 +119,7 @@ class SatchelServer:
                 self._embedded = EmbeddedPostgres(settings.data_dir)
                 dsn = self._embedded.start()
             apply_migrations(dsn)
+            self._dsn = dsn
             return dsn
 
         dsn, embedder = await asyncio.gather(
@@ -111,6 +131,9 @@ class SatchelServer:
             min_size=settings.db_pool_min,
             max_size=settings.db_pool_max,
             ef_search=settings.hnsw_ef_search,
+            timeout=settings.db_pool_timeout,
+            connect_timeout=settings.db_connect_timeout,
+            statement_timeout=settings.db_statement_timeout_seconds,
         )
         await pool.open(wait=True, timeout=30)
         traces = TraceHub(dsn, pool, queue_size=settings.context.watch_queue_traces)
@@ -123,6 +146,59 @@ class SatchelServer:
             traces=traces,
         )
 
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Listen with TLS when SATCHEL_TLS_CERT/KEY are set (client certificates required
+        when SATCHEL_TLS_CLIENT_CA is set), else in plain text."""
+        settings = self.settings
+        if settings.tls_cert is None or settings.tls_key is None:
+            return server.add_insecure_port(settings.listen)
+        client_ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
+        credentials = grpc.ssl_server_credentials(
+            [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+        return server.add_secure_port(settings.listen, credentials)
+
+    def _log_access(self) -> None:
+        settings = self.settings
+        if settings.auth_required():
+            auth, why = "required", "SATCHEL_AUTH" if settings.auth else "not loopback only"
+        else:
+            auth, why = "disabled", "SATCHEL_AUTH" if settings.auth else "loopback only"
+        tls = "off" if settings.tls_cert is None else "on"
+        if settings.tls_client_ca is not None:
+            tls = "mutual"
+        log.info("server_access", auth=auth, auth_reason=why, tls=tls)
+        if auth == "disabled":
+            log.warning(
+                "auth_disabled",
+                detail=f"satchel.v1 calls need no API key ({why}); set SATCHEL_AUTH=required",
+            )
+
+    async def _lookup_key(self, key_hash: bytes) -> Principal | None:
+        async with self.runtime().pool.connection() as conn:
+            found = await key_store.find_active_key(conn, key_hash)
+        return Principal(key_id=str(found[0]), project_id=found[1]) if found else None
+
+    def _start_probe(self) -> None:
+        runtime = self.runtime.value
+        if runtime is None or not self._dsn:
+            return
+
+        async def on_change(up: bool) -> None:
+            status = health_pb2.HealthCheckResponse
+            await self._set_health(status.SERVING if up else status.NOT_SERVING)
+
+        self.probe = DatabaseProbe(
+            self._dsn,
+            runtime.pool,
+            interval=self.settings.db_probe_seconds,
+            timeout=max(1.0, min(3.0, self.settings.db_pool_timeout)),
+            on_change=on_change,
+        )
+        self._probe_task = asyncio.create_task(self.probe.run(), name="database-probe")
+
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, status)
@@ -133,6 +209,10 @@ class SatchelServer:
 
     async def stop(self) -> None:
         """Refuse new calls, let in-flight ones finish within the grace period, release all."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            await asyncio.gather(self._probe_task, return_exceptions=True)
+            self._probe_task = None
         await self.health.enter_graceful_shutdown()
         if self.runtime.value is not None and self.runtime.value.traces is not None:
             # Watch streams never end on their own: end them now (UNAVAILABLE, watch again

@@ -8,6 +8,8 @@ import importlib
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -76,7 +78,7 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     host, _, port = settings.listen.rpartition(":")
     target = f"{'127.0.0.1' if host in ('0.0.0.0', '', '[::]') else host}:{port}"
     try:
-        with grpc.insecure_channel(target) as channel:
+        with _health_channel(args, settings, target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=args.timeout
             )
@@ -88,11 +90,30 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _health_channel(args: argparse.Namespace, settings: Settings, target: str) -> Any:
+    """A plain channel, or a TLS one when the server has SATCHEL_TLS_CERT: trusting --tls-ca
+    (default: SATCHEL_TLS_CERT itself, right for a self-signed certificate or a chain file) and,
+    when the server wants client certificates, presenting the server's own key pair."""
+    import grpc
+
+    if settings.tls_cert is None or settings.tls_key is None:
+        return grpc.insecure_channel(target)
+    ca = (args.tls_ca or settings.tls_cert).read_bytes()
+    pair: dict[str, bytes] = {}
+    if settings.tls_client_ca is not None:
+        pair = {
+            "private_key": settings.tls_key.read_bytes(),
+            "certificate_chain": settings.tls_cert.read_bytes(),
+        }
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(ca, **pair))
+
+
 # Modules that add subcommands: each has `register(commands)` adding parsers whose
 # `func(args, settings) -> int` runs the command.
 COMMAND_MODULES: tuple[str, ...] = (
     "satchel.server.commands.talents",
     "satchel.server.commands.calibrate",
+    "satchel.server.commands.keys",
     "satchel.server.commands.context_cmds",
     "satchel.server.commands.memory_cmds",
     "satchel.server.commands.demo",
@@ -110,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
     check = commands.add_parser("healthcheck", help="exit 0 when the local server is SERVING")
     check.add_argument("--timeout", type=float, default=3.0)
+    check.add_argument("--tls-ca", type=Path, help="CA file to trust (with SATCHEL_TLS_CERT)")
     check.set_defaults(func=cmd_healthcheck)
     return parser
 

@@ -6,6 +6,7 @@ with a message naming the variable.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -83,6 +84,17 @@ class Settings:
     db_pool_max: int = 10
     hnsw_ef_search: int = 100
     shutdown_grace_seconds: float = 10.0
+    # Reliability and security (README "Security" and "Operations").
+    auth: str = ""  # required | disabled; empty: required unless listening on loopback only
+    auth_cache_seconds: float = 5.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    max_streams_per_client: int = 16
+    db_pool_timeout: float = 5.0
+    db_connect_timeout: int = 5
+    db_statement_timeout_seconds: float = 60.0
+    db_probe_seconds: float = 1.0
     log_level: str = "info"
     log_format: str = "json"
     # Prometheus metrics endpoint (host:port); empty: off.
@@ -131,6 +143,24 @@ class Settings:
             (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
             (":" in self.listen, "SATCHEL_LISTEN must be host:port"),
+            (self.auth in ("", "required", "disabled"), "SATCHEL_AUTH is required|disabled"),
+            (self.auth_cache_seconds >= 0, "SATCHEL_AUTH_CACHE_SECONDS must not be negative"),
+            (
+                (self.tls_cert is None) == (self.tls_key is None),
+                "SATCHEL_TLS_CERT and SATCHEL_TLS_KEY go together",
+            ),
+            (
+                self.tls_client_ca is None or self.tls_cert is not None,
+                "SATCHEL_TLS_CLIENT_CA needs SATCHEL_TLS_CERT and SATCHEL_TLS_KEY",
+            ),
+            (self.max_streams_per_client >= 1, "SATCHEL_MAX_STREAMS_PER_CLIENT must be positive"),
+            (self.db_pool_timeout > 0, "SATCHEL_DB_POOL_TIMEOUT must be positive"),
+            (self.db_connect_timeout >= 1, "SATCHEL_DB_CONNECT_TIMEOUT must be at least 1"),
+            (
+                self.db_statement_timeout_seconds >= 0,
+                "SATCHEL_DB_STATEMENT_TIMEOUT_SECONDS must not be negative",
+            ),
+            (self.db_probe_seconds > 0, "SATCHEL_DB_PROBE_SECONDS must be positive"),
             (
                 not self.metrics_listen or ":" in self.metrics_listen,
                 "SATCHEL_METRICS_LISTEN must be host:port (or empty: off)",
@@ -141,10 +171,34 @@ class Settings:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        for name, path in (
+            ("SATCHEL_TLS_CERT", self.tls_cert),
+            ("SATCHEL_TLS_KEY", self.tls_key),
+            ("SATCHEL_TLS_CLIENT_CA", self.tls_client_ca),
+        ):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{name} {path} is not a file")
         if self.embed_model_path is not None and not self.embed_model_path.is_dir():
             raise ConfigError(
                 f"SATCHEL_EMBED_MODEL_PATH {self.embed_model_path} is not a directory"
             )
+
+    def auth_required(self) -> bool:
+        """Whether satchel.v1 calls need an API key (SATCHEL_AUTH, else: not on loopback only)."""
+        if self.auth:
+            return self.auth == "required"
+        return not listens_on_loopback_only(self.listen)
+
+
+def listens_on_loopback_only(listen: str) -> bool:
+    """True when `host:port` binds a loopback address only (127.0.0.0/8, ::1, localhost)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost, or a wildcard such as "" or 0.0.0.0
+        return False
 
 
 def _read(cls: type, env: dict[str, str], prefix: str, skip: set[str] = frozenset()) -> dict:

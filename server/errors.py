@@ -14,6 +14,22 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 ERROR_DOMAIN = "satchel.dev"
 
+# A status travels in HTTP/2 trailers, which clients refuse past 8-16 KiB: a request full of
+# huge bad fields (a 10k-character JSON key, thousands of violations) must not turn its
+# INVALID_ARGUMENT into a RESOURCE_EXHAUSTED "metadata size exceeds hard limit". Sizes in bytes.
+MAX_STATUS_VIOLATIONS = 10
+MAX_STATUS_FIELD_BYTES = 100
+MAX_STATUS_TEXT_BYTES = 200
+MAX_STATUS_MESSAGE_BYTES = 512
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes (ending with "…" when cut)."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    return data[: limit - 3].decode(errors="ignore") + "…"
+
 
 class ServiceError(Exception):
     """An expected failure with a gRPC code, a message and an ErrorInfo reason."""
@@ -38,24 +54,37 @@ class ServiceError(Exception):
         """The google.rpc.Status carrying this error's details."""
         details: list[any_pb2.Any] = []
         if self.violations:
+            shown = [
+                (clip(f, MAX_STATUS_FIELD_BYTES), clip(d, MAX_STATUS_TEXT_BYTES))
+                for f, d in self.violations[:MAX_STATUS_VIOLATIONS]
+            ]
+            if len(self.violations) > MAX_STATUS_VIOLATIONS:
+                more = len(self.violations) - MAX_STATUS_VIOLATIONS
+                shown.append(("…", f"and {more} more violations"))
             bad_request = error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(field=f, description=d)
-                    for f, d in self.violations
+                    for f, d in shown
                 ]
             )
             packed = any_pb2.Any()
             packed.Pack(bad_request)
             details.append(packed)
         if self.reason:
+            metadata = {
+                clip(k, MAX_STATUS_FIELD_BYTES): clip(v, MAX_STATUS_TEXT_BYTES)
+                for k, v in self.metadata.items()
+            }
             info = error_details_pb2.ErrorInfo(
-                reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
+                reason=self.reason, domain=ERROR_DOMAIN, metadata=metadata
             )
             packed = any_pb2.Any()
             packed.Pack(info)
             details.append(packed)
         return status_pb2.Status(
-            code=getattr(code_pb2, self.code.name), message=self.message, details=details
+            code=getattr(code_pb2, self.code.name),
+            message=clip(self.message, MAX_STATUS_MESSAGE_BYTES),
+            details=details,
         )
 
 
@@ -92,6 +121,18 @@ class Unavailable(ServiceError):
 
 class Unimplemented(ServiceError):
     code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class Violations:

@@ -7,17 +7,33 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 
-def create_pool(dsn: str, *, min_size: int, max_size: int, ef_search: int) -> AsyncConnectionPool:
+def create_pool(
+    dsn: str,
+    *,
+    min_size: int,
+    max_size: int,
+    ef_search: int,
+    timeout: float = 5.0,
+    connect_timeout: int = 5,
+    statement_timeout: float = 0.0,
+) -> AsyncConnectionPool:
     """A pool whose connections know the vector type and search HNSW deeply enough.
 
     `hnsw.ef_search` defaults to 40, which caps an HNSW LIMIT 64 at 40 rows; with a scope
     filter, only an iterative scan returns the rows asked for (pgvector >= 0.8).
+
+    Faults: a call waits at most `timeout` seconds for a connection (then `PoolTimeout`, which
+    the interceptor turns into UNAVAILABLE), a connection attempt gives up after
+    `connect_timeout` seconds, TCP keepalives notice a vanished server within about a minute,
+    and `statement_timeout` (seconds, 0: none) bounds any statement, so that no call holds a
+    pooled connection forever, whatever its client does.
     """
 
     async def configure(conn: AsyncConnection) -> None:
         await register_vector_async(conn)
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
         await conn.execute("SET hnsw.iterative_scan = relaxed_order")
+        await conn.execute(f"SET statement_timeout = {int(statement_timeout * 1000)}")
         await conn.commit()
 
     return AsyncConnectionPool(
@@ -27,4 +43,12 @@ def create_pool(dsn: str, *, min_size: int, max_size: int, ef_search: int) -> As
         configure=configure,
         open=False,
         name="satchel",
+        timeout=timeout,
+        kwargs={
+            "connect_timeout": connect_timeout,
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+        },
     )
