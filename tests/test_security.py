@@ -272,11 +272,13 @@ async def test_revoked_keys_stop_working_within_the_cache_time(
             request = context_pb2.GetStatsOverviewRequest(project_id=project)
             rpc = _rpc("GetStatsOverview")
             assert server.keys is not None
-            lookups = server.keys.lookups
+            lookups, started = server.keys.lookups, time.monotonic()
             for _ in range(30):
                 code, details = await call_code(channel, rpc, request, metadata=bearer(key))
                 assert code == grpc.StatusCode.OK, details
-            assert server.keys.lookups - lookups == 1, "one database lookup per key, not per call"
+            # One lookup per key and cache time (2 s), not one per call.
+            most = 1 + int((time.monotonic() - started) / 2.0)
+            assert 1 <= server.keys.lookups - lookups <= most
 
             code, listing = await satchel_cli("keys", "list", "--project", project, env=env)
             assert code == 0 and key[:14] in listing and "active" in listing, listing
