@@ -35,13 +35,16 @@ class ContextSettings:
 
     default_budget_tokens: int = 900
     retrieval_top_k: int = 64
-    candidate_limit: int = 256
+    # The best facts handed to packing: with the default budget the main pass leaves room for
+    # the multi-hop facts and the episodes (measured in benchmarks/locomo.md).
+    candidate_limit: int = 24
     recency_top_k: int = 64
     recency_window_days: float = 90.0
     newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
     exact_top_n: int = 10
-    episode_top_k: int = 8
+    # Nearest events packed into what remains after the facts.
+    episode_top_k: int = 24
     recall_max_distance: float = 0.0
     weight_similarity: float = 0.6
     weight_text_rank: float = 0.25

@@ -19,6 +19,7 @@ from satchel.server.evaluation.metrics import (
     Bm25,
     Outcome,
     Summary,
+    analyze,
     covered_turns,
     pack_ranked,
     rank,
@@ -170,7 +171,8 @@ def test_summaries_per_category_and_without_adversarial() -> None:
 def test_baseline_packing_ranking_and_recall_at_k() -> None:
     tokens = {"a": 500, "b": 600, "c": 300, "d": 100}
     assert pack_ranked(["a", "b", "c", "d"], tokens, 900) == (["a", "c", "d"], 900)
-    bm25 = Bm25(["the dog barks", "the cat sleeps", "the dog and the cat"])
+    assert analyze("What did the dogs paint?") == ["dog", "paint"]
+    bm25 = Bm25(["the dog barks", "the cat sleeps", "a dog, a cat and a bird"])
     scores = bm25.scores("Which cat?")
     assert scores[0] == 0.0 and scores[1] > scores[2] > 0.0, "shorter match ranks first"
     assert rank(scores, ["x", "y", "z"]) == ["y", "z", "x"]
@@ -264,7 +266,7 @@ async def test_the_harness_on_a_slice_of_one_conversation(channel, embedder) -> 
             record["covered"]["satchel"]
         )
     text = render_text(report)
-    assert "Evidence recall (evidence as published)" in text and "BM25 over turns" in text
+    assert "Evidence recall (evidence as published)" in text and "BM25 over turns (stemmed)" in text
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -24,6 +24,15 @@ had has have he her here hey him his how however i if in it its just last let ma
 not now of on one our please she should since so some sure thanks that the their them then there
 these they this those to today tomorrow was we well were what when where which while who why will
 with would wow yeah yes yesterday you your
+according additionally although anyway being besides both currently despite during each either
+every feeling finally fortunately having hopefully honestly instead lately luckily meanwhile
+moreover most overall recently sadly several such though thus together unfortunately whether
+"""
+# Day and month names are capitalised by convention, not things to hop on.
+_CALENDAR = """
+monday tuesday wednesday thursday friday saturday sunday january february march april may june
+july august september october november december lundi mardi mercredi jeudi vendredi samedi
+dimanche janvier février mars avril mai juin juillet août septembre octobre novembre décembre
 """
 _FRENCH_STARTERS = """
 alors après au aujourd aussi avant avec bien bonjour car ce ceci cela ces cet cette chez
@@ -31,8 +40,10 @@ comme dans de demain depuis des donc du elle elles en enfin ensuite est et hier 
 leur leurs lui ma mais merci mes mon non nous oui par pas pour puis quand que quel quelle qui quoi
 sa ses si son sous sur ta tes ton tous tout toutes très un une vous ça
 """
-SENTENCE_STARTERS: frozenset[str] = frozenset((_ENGLISH_STARTERS + _FRENCH_STARTERS).split())
-"""Capitalised words that start sentences rather than name things, lower-cased."""
+SENTENCE_STARTERS: frozenset[str] = frozenset(
+    (_ENGLISH_STARTERS + _FRENCH_STARTERS + _CALENDAR).split()
+)
+"""Capitalised words that start sentences (or date things) rather than name things, lower-cased."""
 
 
 def extract_entities(
@@ -40,12 +51,14 @@ def extract_entities(
 ) -> list[str]:
     """Capitalised words of `texts` ranked by frequency (ties: first appearance).
 
-    Sentence starters and words present in `query` (case-insensitively) are left out; at most
-    `max_entities` are returned.
+    Sentence starters, words present in `query` (case-insensitively) and words the texts also
+    use in lower case ("Dancing is fun. I love dancing": a common word, not a name) are left
+    out; at most `max_entities` are returned.
     """
     if max_entities <= 0:
         return []
     query_words = {word.casefold() for word in _WORD.findall(query)}
+    query_words.update(w for text in texts for w in _WORD.findall(text) if w.islower())
     counts: Counter[str] = Counter()
     first_seen: dict[str, int] = {}
     for text in texts:

@@ -63,7 +63,7 @@ SATCHEL, VECTOR, BM25 = "satchel", "vector", "bm25"
 SYSTEM_LABELS = {
     SATCHEL: "satchel",
     VECTOR: "vector top-k over turns",
-    BM25: "BM25 over turns",
+    BM25: "BM25 over turns (stemmed)",
 }
 
 PUBLISHED: dict[str, Any] = {

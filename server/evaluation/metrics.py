@@ -8,13 +8,17 @@ turn is covered. Questions without any evidence turn are left out of both and co
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from satchel.server.domain.text_query import STOP_WORDS
 
 _WORD = re.compile(r"\w+")
 
@@ -155,11 +159,33 @@ def tokenize(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+@functools.cache
+def _stemmer() -> Any:
+    # py-rust-stemmers ships with fastembed (a dependency of the server).
+    from py_rust_stemmers import SnowballStemmer
+
+    return SnowballStemmer("english")
+
+
+def analyze(text: str) -> list[str]:
+    """What the BM25 baseline indexes: lower-cased words minus stop words, Snowball-stemmed
+    (English), as a tuned search engine would."""
+    stemmer = _stemmer()
+    return [stemmer.stem_word(w) for w in tokenize(text) if w not in STOP_WORDS]
+
+
 class Bm25:
     """Okapi BM25 over a small fixed corpus (k1 = 1.2, b = 0.75, Lucene's idf)."""
 
-    def __init__(self, documents: Sequence[str], k1: float = 1.2, b: float = 0.75) -> None:
-        self._docs = [Counter(tokenize(d)) for d in documents]
+    def __init__(
+        self,
+        documents: Sequence[str],
+        k1: float = 1.2,
+        b: float = 0.75,
+        analyzer: Callable[[str], list[str]] = analyze,
+    ) -> None:
+        self._analyze = analyzer
+        self._docs = [Counter(analyzer(d)) for d in documents]
         self._lengths = np.array([sum(d.values()) for d in self._docs], dtype=float)
         self._avg = float(self._lengths.mean()) if len(self._docs) else 0.0
         self._k1, self._b = k1, b
@@ -173,7 +199,7 @@ class Bm25:
         """The BM25 score of every document for `query`."""
         result = np.zeros(len(self._docs))
         norm = self._k1 * (1 - self._b + self._b * self._lengths / (self._avg or 1.0))
-        for term in set(tokenize(query)):
+        for term in set(self._analyze(query)):
             idf = self._idf.get(term)
             if idf is None:
                 continue

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
+from satchel.server.domain.text_query import TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
 
 MULTI_HOP_SCAN_LIMIT = 256
@@ -52,7 +53,7 @@ _FACTS_AS_OF = (
 _SCORED_COLUMNS = """
     f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
     1 - (f.embedding <=> %(vector)s) AS similarity,
-    ts_rank_cd(f.search_vector, q.tsq) AS text_rank,
+    {text_rank} AS text_rank,
     exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
         / %(tau_seconds)s) AS recency,
     (f.stale_after IS NOT NULL
@@ -64,6 +65,26 @@ _SCORED_COLUMNS = """
     ) AS in_open_conflict
 """
 
+# The text query: any of the searched words (see `searched_terms`), through
+# websearch_to_tsquery, which accepts any text. The text rank is ts_rank_cd divided by what a
+# fact holding each searched word once gets, capped at 1: it weighs on the cosine's scale.
+_TEXT_QUERY = "SELECT websearch_to_tsquery('simple', %(text_query)s) AS tsq"
+_TEXT_RANK = "least(1.0, ts_rank_cd(f.search_vector, q.tsq) / %(text_rank_full)s)"
+
+# The content words of the query found in at most `term_max_facts` facts of the scope (each
+# count stops there), in query order.
+_SEARCHED_TERMS_SQL = """
+SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
+WHERE (
+    SELECT count(*) FROM (
+        SELECT 1 FROM facts f
+        WHERE {visible} AND f.search_vector @@ plainto_tsquery('simple', t.term)
+        LIMIT %(term_max_facts)s + 1
+    ) m
+) <= %(term_max_facts)s
+ORDER BY t.position
+"""
+
 _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
 """
@@ -73,7 +94,7 @@ _SCORE = """
 # matches (GIN). Each keeps what bounds the score of a fact it did not return (its K-th
 # distance or rank); phase 2 scores the union and reports those bounds on every row.
 _CANDIDATES_SQL = """
-WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+WITH q AS ({text_query}),
 by_vector AS (
     SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f WHERE {visible}
     ORDER BY f.embedding <=> %(vector)s LIMIT %(top_k)s
@@ -88,7 +109,7 @@ by_newest AS (
     ORDER BY coalesce(f.valid_from, f.recorded_from) DESC LIMIT %(newest_k)s
 ),
 by_text AS (
-    SELECT f.id, ts_rank_cd(f.search_vector, q.tsq) AS rank FROM facts f, q
+    SELECT f.id, {text_rank} AS rank FROM facts f, q
     WHERE {visible} AND f.search_vector @@ q.tsq
     ORDER BY ts_rank_cd(f.search_vector, q.tsq) DESC LIMIT %(top_k)s
 ),
@@ -115,7 +136,7 @@ ORDER BY score DESC, id LIMIT %(candidate_limit)s
 
 # The exact reference: the hybrid score of every visible fact (benchmarks and small scopes).
 _EXACT_SQL = """
-WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+WITH q AS ({text_query}),
 scored AS (SELECT {columns} FROM facts f, q WHERE {visible})
 SELECT *, {score} AS score FROM scored ORDER BY score DESC, id LIMIT %(candidate_limit)s
 """
@@ -125,7 +146,7 @@ SELECT *, {score} AS score FROM scored ORDER BY score DESC, id LIMIT %(candidate
 # found in very many facts is searched among its first `hop_scan_limit` matches only, which
 # bounds the cost of a common name (a documented trade-off, like phase 1's K).
 _MULTI_HOP_SQL = """
-WITH q AS (SELECT websearch_to_tsquery('simple', %(query)s) AS tsq),
+WITH q AS ({text_query}),
 hop AS (
     SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
     CROSS JOIN LATERAL (
@@ -156,17 +177,29 @@ ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
 
 def _render(template: str, historical: bool) -> str:
     visible = _FACTS_AS_OF if historical else _CURRENT_FACTS
-    return template.format(visible=visible, columns=_SCORED_COLUMNS, score=_SCORE)
+    columns = _SCORED_COLUMNS.format(text_rank=_TEXT_RANK)
+    return template.format(
+        visible=visible,
+        columns=columns,
+        score=_SCORE,
+        text_query=_TEXT_QUERY,
+        text_rank=_TEXT_RANK,
+    )
 
 
 # (now, as_of) variants of each statement, rendered once.
 CANDIDATES_SQL = (_render(_CANDIDATES_SQL, False), _render(_CANDIDATES_SQL, True))
 EXACT_SQL = (_render(_EXACT_SQL, False), _render(_EXACT_SQL, True))
 MULTI_HOP_SQL = (_render(_MULTI_HOP_SQL, False), _render(_MULTI_HOP_SQL, True))
+SEARCHED_TERMS_SQL = (_render(_SEARCHED_TERMS_SQL, False), _render(_SEARCHED_TERMS_SQL, True))
 
 
 def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) -> dict[str, Any]:
     return {
+        "terms": query_terms(query),
+        "term_max_facts": cfg.retrieval_top_k_max,
+        "text_query": "",
+        "text_rank_full": TS_RANK_UNIT,
         "project_id": scope.project_id,
         "subject_id": scope.subject_id,
         "at": scope.at,
@@ -186,6 +219,22 @@ def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) 
         "per_entity": cfg.multi_hop_max_per_entity,
         "hop_scan_limit": MULTI_HOP_SCAN_LIMIT,
     }
+
+
+async def searched_terms(conn: AsyncConnection, scope: Scope, params: dict[str, Any]) -> list[str]:
+    """The query's content words that the text search uses, and set the text query on `params`.
+
+    A word found in more facts of the scope than phase 1 ever reads (RETRIEVAL_TOP_K_MAX) is
+    left out: too common to rank by, and ranking all its matches would cost more than the
+    vector search. Counted once per call, whatever the number of rounds.
+    """
+    terms: list[str] = []
+    if params["terms"]:
+        cur = await conn.execute(SEARCHED_TERMS_SQL[scope.historical], params)
+        terms = [row[0] for row in await cur.fetchall()]
+    params["text_query"] = " or ".join(terms)
+    params["text_rank_full"] = TS_RANK_UNIT * max(1, len(terms))
+    return terms
 
 
 def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
@@ -244,6 +293,7 @@ async def fetch_fact_candidates(
     again. `exact` scores every visible fact instead (the reference ranking).
     """
     params = _params(scope, query, vector, cfg)
+    await searched_terms(conn, scope, params)
     cur = conn.cursor(row_factory=dict_row)
     if exact:
         await cur.execute(EXACT_SQL[scope.historical], params)
@@ -268,6 +318,7 @@ async def fetch_multi_hop(
 ) -> list[dict[str, Any]]:
     """Facts sharing an entity with the retained ones (no new embedding), best first."""
     params = _params(scope, query, vector, cfg)
+    await searched_terms(conn, scope, params)
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
     cur = conn.cursor(row_factory=dict_row)

@@ -68,3 +68,11 @@ def test_only_whole_capitalised_words_of_three_letters_or_more() -> None:
 def test_nothing_to_extract() -> None:
     assert extract_entities([], "query") == []
     assert extract_entities(["all lower case text"], "") == []
+
+
+def test_calendar_names_and_words_also_seen_in_lower_case_are_not_entities() -> None:
+    texts = [
+        "On Friday Jon went dancing. Dancing helps Jon. According to Gina, May was busy.",
+        "Painting is what Gina loves; she started painting in Rome.",
+    ]
+    assert extract_entities(texts, "", max_entities=5) == ["Jon", "Gina", "Rome"]
