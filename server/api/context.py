@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 import grpc
 import structlog
-from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from satchel.server.api.messages import timestamp_message, value_message
 from satchel.server.api.validation import (
     MAX_BUDGET_TOKENS,
     MAX_QUERY_CHARS,
@@ -39,20 +38,6 @@ STATUSES = {
 }
 
 
-def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    if value is None:
-        return None
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
-
-
-def _value(value: Any) -> struct_pb2.Value:
-    message = struct_pb2.Value()
-    json_format.ParseDict(value, message)
-    return message
-
-
 def decision_message(d: packing.Decision) -> pb.Decision:
     """A domain decision as the wire Decision."""
     c = d.candidate
@@ -79,10 +64,10 @@ def packet_message(packet: Packet) -> pb.ContextPacket:
             pb.PacketFact(
                 id=f.id,
                 predicate=f.predicate,
-                value=_value(f.value),
+                value=value_message(f.value),
                 statement=f.statement,
                 confidence=f.confidence,
-                valid_from=_timestamp(f.valid_from),
+                valid_from=timestamp_message(f.valid_from),
                 source_event_ids=f.source_event_ids,
             )
             for f in packet.facts
@@ -91,7 +76,7 @@ def packet_message(packet: Packet) -> pb.ContextPacket:
             pb.PacketEpisode(
                 event_id=e.event_id,
                 kind=e.kind,
-                occurred_at=_timestamp(e.occurred_at),
+                occurred_at=timestamp_message(e.occurred_at),
                 excerpt=e.excerpt,
             )
             for e in packet.episodes
@@ -245,8 +230,8 @@ def trace_message(call: dict[str, Any], decisions: list[dict[str, Any]]) -> pb.T
         subject_id=call["subject_id"],
         query=call["query"],
         budget_tokens=call["budget_tokens"],
-        created_at=_timestamp(call["created_at"]),
-        as_of=_timestamp(call["as_of"]),
+        created_at=timestamp_message(call["created_at"]),
+        as_of=timestamp_message(call["as_of"]),
         status=STATUSES[call["status"]],
         warnings=call["warnings"],
         empty_reason=call["empty_reason"],

@@ -7,12 +7,11 @@ Limits are in `satchel.server.api.validation` and the README ("Memory write path
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from google.protobuf import duration_pb2, json_format, struct_pb2, timestamp_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2
 from grpc import aio
 
 from satchel.server import memory
+from satchel.server.api.messages import timestamp_message, value_message
 from satchel.server.api.pagination import (
     PageToken,
     decode_page_token,
@@ -146,14 +145,6 @@ def _check_batch_size(v: Violations, count: int) -> None:
 # --- row to message mapping ------------------------------------------------------------------
 
 
-def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    if value is None:
-        return None
-    message = timestamp_pb2.Timestamp()
-    message.FromDatetime(value)
-    return message
-
-
 def event_message(row: EventRow) -> memory_pb2.Event:
     """An events row as a satchel.v1.Event."""
     return memory_pb2.Event(
@@ -162,8 +153,8 @@ def event_message(row: EventRow) -> memory_pb2.Event:
         subject_id=row.subject_id,
         kind=row.kind,
         payload=json_format.ParseDict(row.payload, struct_pb2.Struct()),
-        occurred_at=_timestamp(row.occurred_at),
-        recorded_at=_timestamp(row.recorded_at),
+        occurred_at=timestamp_message(row.occurred_at),
+        recorded_at=timestamp_message(row.recorded_at),
         text=row.text,
     )
 
@@ -179,14 +170,14 @@ def fact_message(row: FactRow) -> memory_pb2.Fact:
         project_id=row.project_id,
         subject_id=row.subject_id,
         predicate=row.predicate,
-        value=json_format.ParseDict(row.value, struct_pb2.Value()),
+        value=value_message(row.value),
         statement=row.statement,
         confidence=row.confidence,
         status=_FACT_STATUS[row.status],
-        valid_from=_timestamp(row.valid_from),
-        valid_to=_timestamp(row.valid_to),
-        recorded_from=_timestamp(row.recorded_from),
-        recorded_to=_timestamp(row.recorded_to),
+        valid_from=timestamp_message(row.valid_from),
+        valid_to=timestamp_message(row.valid_to),
+        recorded_from=timestamp_message(row.recorded_from),
+        recorded_to=timestamp_message(row.recorded_to),
         source_event_ids=[str(e) for e in row.source_event_ids],
         stale_after=stale_after,
         superseded_by=str(row.superseded_by) if row.superseded_by else "",
@@ -203,8 +194,8 @@ def conflict_message(row: ConflictRow) -> memory_pb2.Conflict:
         fact_ids=[str(f) for f in row.fact_ids],
         status=_CONFLICT_STATUS[row.status],
         note=row.note,
-        opened_at=_timestamp(row.opened_at),
-        resolved_at=_timestamp(row.resolved_at),
+        opened_at=timestamp_message(row.opened_at),
+        resolved_at=timestamp_message(row.resolved_at),
         winning_fact_id=str(row.winning_fact_id) if row.winning_fact_id else "",
     )
 
