@@ -21,6 +21,8 @@ USER 10001:10001
 ENV SATCHEL_LISTEN=0.0.0.0:50051 \
     SATCHEL_DATA_DIR=/var/lib/satchel \
     PYTHONUNBUFFERED=1
+# Derive the default model's quantized graph once, here, rather than at a container's first start.
+RUN python -c "from pathlib import Path; from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder; FastEmbedEmbedder(cache_dir=Path('/var/lib/satchel/cache'))"
 EXPOSE 50051
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["satchel", "healthcheck"]

@@ -81,7 +81,9 @@ async def test_packs_by_score_within_budget_and_traces_every_candidate(
     channel: grpc.aio.Channel, project_id: str
 ) -> None:
     ids = await assert_facts(channel, project_id, CAROLINE)
-    reply = await assemble(channel, project_id, "Where does Caroline live?", budget_tokens=25)
+    reply = await assemble(
+        channel, project_id, "Which city did Caroline move to?", budget_tokens=25
+    )
     packet = reply.packet
     assert packet.status == pb.PACKET_STATUS_OK and not packet.warnings
     assert packet.facts[0].statement == "Caroline moved to Lisbon in March 2023"

@@ -131,7 +131,7 @@ def test_calibrate_floor_proposes_a_threshold_from_labelled_pairs(
     monkeypatch.setenv("SATCHEL_DATA_DIR", str(test_root / "data"))
     assert cli.main(["calibrate-floor", "--pairs", str(path), "--keep", "1.0", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["model_id"] == "all-MiniLM-L6-v2-onnx-int8"
+    assert result["model_id"] == "all-MiniLM-L6-v2-onnx-qint8"
     assert (result["relevant"], result["irrelevant"]) == (4, 4)
     assert result["relevant_percentiles"]["p50"] < result["irrelevant_percentiles"]["p50"]
     assert result["relevant_percentiles"]["p95"] <= result["threshold"]

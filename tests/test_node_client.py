@@ -79,7 +79,7 @@ async def test_node_example_assembles_and_streams_against_the_server(
     node_example: Path, address: str, channel: grpc.aio.Channel, project_id: str
 ) -> None:
     await assert_facts(channel, project_id, CAROLINE)
-    query = "Where does Caroline live?"
+    query = "Which city did Caroline move to?"
     result = await asyncio.to_thread(
         _run,
         "node",

@@ -458,7 +458,7 @@ async def test_per_request_overrides_and_the_score_formula(
 ) -> None:
     talents = stub(channel)
     await seed_catalogue(channel, project_id)
-    floor, beta, margin = model_defaults("all-MiniLM-L6-v2-onnx-int8")
+    floor, beta, margin = model_defaults("all-MiniLM-L6-v2-onnx-qint8")
     default = await resolve(talents, project_id, SEED_TASK)
     assert (default.params.floor, default.params.beta, default.params.margin) == (
         floor,

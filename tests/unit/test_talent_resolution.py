@@ -124,7 +124,7 @@ def test_served_text_is_the_body_else_the_summary() -> None:
 
 
 def test_defaults_per_model_and_settings_override() -> None:
-    assert model_defaults("all-MiniLM-L6-v2-onnx-int8") == MODEL_DEFAULTS["all-minilm-l6-v2"]
+    assert model_defaults("all-MiniLM-L6-v2-onnx-qint8") == MODEL_DEFAULTS["all-minilm-l6-v2"]
     assert model_defaults("intfloat/multilingual-e5-small") == SEED_DEFAULTS
     params = default_params(TalentSettings(margin=0.5, budget_tokens=300), "other-model")
     assert (params.floor, params.beta, params.margin, params.budget_tokens) == (
