@@ -40,8 +40,13 @@ class ContextSettings:
     candidate_limit: int = 24
     recency_top_k: int = 64
     recency_window_days: float = 90.0
+    # The newest facts of the scope are all scored on cosine and recency; the best of them go
+    # to phase 2 (an exact source where recency weighs most; benchmarks/context.md).
+    newest_window: int = 2048
     newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
+    # A query word found in more facts of the scope than this is too common to rank by.
+    text_term_max_facts: int = 1024
     exact_top_n: int = 10
     # Nearest events packed into what remains after the facts.
     episode_top_k: int = 24
@@ -131,6 +136,8 @@ class Settings:
             (c.recency_top_k >= 0, "SATCHEL_RECENCY_TOP_K must not be negative"),
             (c.recency_window_days >= 0, "SATCHEL_RECENCY_WINDOW_DAYS must not be negative"),
             (c.newest_top_k >= 0, "SATCHEL_NEWEST_TOP_K must not be negative"),
+            (c.newest_window >= 0, "SATCHEL_NEWEST_WINDOW must not be negative"),
+            (c.text_term_max_facts >= 1, "SATCHEL_TEXT_TERM_MAX_FACTS must be positive"),
             (
                 c.retrieval_top_k_max >= c.retrieval_top_k,
                 "SATCHEL_RETRIEVAL_TOP_K_MAX must be at least SATCHEL_RETRIEVAL_TOP_K",

@@ -169,19 +169,25 @@ async def assemble(
         at=request.as_of or datetime.now(UTC),
         historical=request.as_of is not None,
     )
-    vector = await runtime.embed_query(request.query)
+    pool = runtime.pool
+
+    async def fetch(query: Any, *args: Any, **kwargs: Any) -> Any:
+        # A connection per query: none is held while decisions are streamed to the client.
+        async with pool.connection() as conn:
+            return await query(conn, *args, **kwargs)
+
+    # The words of the text search need no vector: look them up while the query is embedded.
+    embedding = asyncio.ensure_future(runtime.embed_query(request.query))
+    try:
+        terms = await fetch(store.searched_terms, scope, request.query, cfg)
+        vector = await embedding
+    finally:
+        embedding.cancel()
     mark = timer.add("embed", timer.started)
 
     packer = Packer(request.budget_tokens, max_distance=cfg.recall_max_distance)
-    pool = runtime.pool
-
-    async def fetch(query: Any, *args: Any) -> list[dict[str, Any]]:
-        # A connection per query: none is held while decisions are streamed to the client.
-        async with pool.connection() as conn:
-            return await query(conn, *args)
-
     rows, episodes = await asyncio.gather(
-        fetch(store.fetch_fact_candidates, scope, request.query, vector, cfg),
+        fetch(store.fetch_fact_candidates, scope, request.query, vector, cfg, terms=terms),
         fetch(store.fetch_episodes, scope, vector, cfg),
     )
     mark = timer.add("retrieve", mark)
@@ -194,7 +200,14 @@ async def assemble(
     entities = extract_entities(retained, request.query, cfg.multi_hop_max_entities)
     if packer.remaining > 0 and entities:
         hops = await fetch(
-            store.fetch_multi_hop, scope, request.query, vector, cfg, entities, list(rows_by_id)
+            store.fetch_multi_hop,
+            scope,
+            request.query,
+            vector,
+            cfg,
+            entities,
+            list(rows_by_id),
+            terms=terms,
         )
         mark = timer.add("retrieve", mark)
         rows_by_id.update((str(r["id"]), r) for r in hops)

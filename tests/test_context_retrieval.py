@@ -82,6 +82,7 @@ def test_unseen_score_bound_reads_each_source() -> None:
         "top_k": 4,
         "recent_k": 4,
         "newest_k": 4,
+        "newest_window": 100,
         "at": at,
         "recent_since": at - timedelta(days=90),
         "tau_seconds": 30 * 86400.0,
@@ -94,16 +95,36 @@ def test_unseen_score_bound_reads_each_source() -> None:
         "vector_max_distance": 0.5,
         "recent_rows": 4,
         "recent_max_distance": 0.7,
+        "window_rows": 100,
+        "window_oldest": at - timedelta(days=3),
         "newest_rows": 4,
-        "newest_oldest": at - timedelta(days=3),
+        "newest_min_partial": 0.2,
         "text_rows": 1,
         "text_min_rank": 0.9,
     }
-    old = 0.6 * 0.5 + 0.15 * math.exp(-3)  # the window's edge: 90 days = 3 tau
-    recent = 0.6 * 0.3 + 0.15 * math.exp(-0.1)  # the 4th newest fact is 3 days old
-    assert abs(store.unseen_score_bound(row, params) - max(old, recent)) < 1e-9
+    old = 0.6 * 0.5 + 0.15 * math.exp(-3)  # the recency window's edge: 90 days = 3 tau
+    recent = 0.6 * 0.3 + 0.15 * math.exp(-0.1)  # the 100th newest fact is 3 days old
+    newest = 0.2  # the lowest partial score kept from the window
+    assert abs(store.unseen_score_bound(row, params) - max(old, recent, newest)) < 1e-9
+    in_window = {**row, "newest_min_partial": 0.5}
+    assert abs(store.unseen_score_bound(in_window, params) - 0.5) < 1e-9
+    # A source that returned fewer rows than asked returned everything it could.
     assert store.unseen_score_bound({**row, "vector_rows": 3}, params) == float("-inf")
-    assert store.unseen_score_bound({**row, "newest_rows": 3}, params) == float("-inf")
+    whole_scope = {**row, "window_rows": 40, "newest_rows": 3}
+    assert store.unseen_score_bound(whole_scope, params) == float("-inf")
+    assert store.unseen_score_bound({**whole_scope, "newest_rows": 4}, params) == newest
+    no_recent_left = {**row, "recent_rows": 3}
+    assert abs(store.unseen_score_bound(no_recent_left, params) - max(old, newest)) < 1e-9
+    # Without the newest window, an unseen fact may be brand new.
+    no_window = {**params, "newest_k": 0}
+    brand_new = 0.6 * 0.3 + 0.15 * 1.0
+    assert (
+        abs(
+            store.unseen_score_bound(row, no_window)
+            - max(brand_new, 0.6 * 0.5 + 0.15 * math.exp(-3))
+        )
+        < 1e-9
+    )
     full_text = {**row, "text_rows": 4, "text_min_rank": 0.2}
     assert abs(store.unseen_score_bound(full_text, params) - (max(old, recent) + 0.05)) < 1e-9
     ranked = [{"score": s, **row} for s in (0.9, 0.8, 0.7, 0.6)]

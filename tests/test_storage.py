@@ -113,3 +113,24 @@ def test_embedded_database_serves_hnsw_and_full_text(fresh_database: str, embedd
         odd = conn.execute(text_sql, ('lisbon OR "pottery workshop" -french ((',)).fetchall()
         assert {str(r[0]) for r in odd} == {ids[0], ids[2]}
         conn.rollback()
+
+
+def test_hnsw_indexes_are_built_with_ef_construction_128(fresh_database: str) -> None:
+    apply_migrations(fresh_database)
+    with psycopg.connect(fresh_database) as conn:
+        for index in ("facts_embedding_hnsw", "events_embedding_hnsw"):
+            definition = conn.execute("SELECT pg_get_indexdef(%s::regclass)", (index,)).fetchone()
+            assert "ef_construction='128'" in definition[0], definition
+
+
+def test_embedded_server_applies_its_settings_once(tmp_path: Path) -> None:
+    from satchel.server.storage.embedded import SETTINGS, EmbeddedPostgres
+
+    for _ in range(2):  # the first start initialises and restarts, the second finds them set
+        embedded = EmbeddedPostgres(tmp_path)
+        try:
+            with psycopg.connect(embedded.start()) as conn:
+                for name, value in SETTINGS.items():
+                    assert conn.execute(f"SHOW {name}").fetchone() == (value,)
+        finally:
+            embedded.stop()

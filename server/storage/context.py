@@ -70,6 +70,10 @@ _SCORED_COLUMNS = """
 # fact holding each searched word once gets, capped at 1: it weighs on the cosine's scale.
 _TEXT_QUERY = "SELECT websearch_to_tsquery('simple', %(text_query)s) AS tsq"
 _TEXT_RANK = "least(1.0, ts_rank_cd(f.search_vector, q.tsq) / %(text_rank_full)s)"
+# ts_rank_cd is the costly part of scoring: it runs on matching facts only (it is 0 elsewhere),
+# and phase 2 reuses what the text source already computed.
+_SCORED_TEXT_RANK = f"CASE WHEN f.search_vector @@ q.tsq THEN {_TEXT_RANK} ELSE 0.0 END"
+_POOLED_TEXT_RANK = f"coalesce(pool.text_rank, {_SCORED_TEXT_RANK})"
 
 # The content words of the query found in at most `term_max_facts` facts of the scope (each
 # count stops there), in query order.
@@ -89,10 +93,11 @@ _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
 """
 
-# Phase 1 has three sources: the K nearest facts (HNSW), the K nearest facts of the recency
-# window (HNSW under a date filter: where recency still weighs), and the K best full-text
-# matches (GIN). Each keeps what bounds the score of a fact it did not return (its K-th
-# distance or rank); phase 2 scores the union and reports those bounds on every row.
+# Phase 1 has four sources: the K nearest facts (HNSW), the K nearest facts of the recency
+# window (HNSW under a date filter: where recency still weighs), the newest facts (an index
+# scan: each is scored on cosine + recency, the best go on), and the K best full-text matches
+# (GIN). Each keeps what bounds the score of a fact it did not return (its K-th distance,
+# partial score or rank); phase 2 scores the union and reports those bounds on every row.
 _CANDIDATES_SQL = """
 WITH q AS ({text_query}),
 by_vector AS (
@@ -104,31 +109,46 @@ by_recent_vector AS (
     WHERE {visible} AND coalesce(f.valid_from, f.recorded_from) > %(recent_since)s
     ORDER BY f.embedding <=> %(vector)s LIMIT %(recent_k)s
 ),
+newest AS (
+    SELECT f.id, coalesce(f.valid_from, f.recorded_from) AS since,
+        %(w_similarity)s * (1 - (f.embedding <=> %(vector)s)) + %(w_recency)s
+            * exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
+            / %(tau_seconds)s) AS partial_score
+    FROM facts f WHERE {visible}
+    ORDER BY coalesce(f.valid_from, f.recorded_from) DESC LIMIT %(newest_window)s
+),
 by_newest AS (
-    SELECT f.id, coalesce(f.valid_from, f.recorded_from) AS since FROM facts f WHERE {visible}
-    ORDER BY coalesce(f.valid_from, f.recorded_from) DESC LIMIT %(newest_k)s
+    SELECT id, partial_score FROM newest ORDER BY partial_score DESC LIMIT %(newest_k)s
 ),
 by_text AS (
-    SELECT f.id, {text_rank} AS rank FROM facts f, q
-    WHERE {visible} AND f.search_vector @@ q.tsq
-    ORDER BY ts_rank_cd(f.search_vector, q.tsq) DESC LIMIT %(top_k)s
+    SELECT id, least(1.0, raw_rank / %(text_rank_full)s) AS rank FROM (
+        SELECT f.id, ts_rank_cd(f.search_vector, q.tsq) AS raw_rank FROM facts f, q
+        WHERE {visible} AND f.search_vector @@ q.tsq
+        ORDER BY raw_rank DESC LIMIT %(top_k)s
+    ) matches
 ),
 bounds AS (
     SELECT (SELECT count(*) FROM by_vector) AS vector_rows,
            (SELECT max(distance) FROM by_vector) AS vector_max_distance,
            (SELECT count(*) FROM by_recent_vector) AS recent_rows,
            (SELECT max(distance) FROM by_recent_vector) AS recent_max_distance,
+           (SELECT count(*) FROM newest) AS window_rows,
+           (SELECT min(since) FROM newest) AS window_oldest,
            (SELECT count(*) FROM by_newest) AS newest_rows,
-           (SELECT min(since) FROM by_newest) AS newest_oldest,
+           (SELECT min(partial_score) FROM by_newest) AS newest_min_partial,
            (SELECT count(*) FROM by_text) AS text_rows,
            (SELECT min(rank) FROM by_text) AS text_min_rank
 ),
 pool AS (
-    SELECT id FROM by_vector UNION SELECT id FROM by_recent_vector UNION SELECT id FROM by_newest
-    UNION SELECT id FROM by_text
+    SELECT id, max(rank) AS text_rank FROM (
+        SELECT id, NULL::float8 AS rank FROM by_vector
+        UNION ALL SELECT id, NULL FROM by_recent_vector
+        UNION ALL SELECT id, NULL FROM by_newest
+        UNION ALL SELECT id, rank FROM by_text
+    ) sources GROUP BY id
 ),
 scored AS (
-    SELECT {columns} FROM facts f JOIN pool USING (id), q
+    SELECT {pooled_columns} FROM facts f JOIN pool USING (id), q
 )
 SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds
 ORDER BY score DESC, id LIMIT %(candidate_limit)s
@@ -177,10 +197,10 @@ ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
 
 def _render(template: str, historical: bool) -> str:
     visible = _FACTS_AS_OF if historical else _CURRENT_FACTS
-    columns = _SCORED_COLUMNS.format(text_rank=_TEXT_RANK)
     return template.format(
         visible=visible,
-        columns=columns,
+        columns=_SCORED_COLUMNS.format(text_rank=_SCORED_TEXT_RANK),
+        pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
         score=_SCORE,
         text_query=_TEXT_QUERY,
         text_rank=_TEXT_RANK,
@@ -194,21 +214,19 @@ MULTI_HOP_SQL = (_render(_MULTI_HOP_SQL, False), _render(_MULTI_HOP_SQL, True))
 SEARCHED_TERMS_SQL = (_render(_SEARCHED_TERMS_SQL, False), _render(_SEARCHED_TERMS_SQL, True))
 
 
-def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) -> dict[str, Any]:
+def _params(scope: Scope, vector: np.ndarray, cfg: ContextSettings) -> dict[str, Any]:
     return {
-        "terms": query_terms(query),
-        "term_max_facts": cfg.retrieval_top_k_max,
         "text_query": "",
         "text_rank_full": TS_RANK_UNIT,
         "project_id": scope.project_id,
         "subject_id": scope.subject_id,
         "at": scope.at,
         "historical": scope.historical,
-        "query": query,
         "vector": vector,
         "top_k": cfg.retrieval_top_k,
         "recent_k": cfg.recency_top_k,
-        "newest_k": cfg.newest_top_k,
+        "newest_k": min(cfg.newest_top_k, cfg.newest_window),
+        "newest_window": cfg.newest_window,
         "recent_since": scope.at - timedelta(days=cfg.recency_window_days),
         "candidate_limit": cfg.candidate_limit,
         "episode_k": cfg.episode_top_k,
@@ -221,33 +239,48 @@ def _params(scope: Scope, query: str, vector: np.ndarray, cfg: ContextSettings) 
     }
 
 
-async def searched_terms(conn: AsyncConnection, scope: Scope, params: dict[str, Any]) -> list[str]:
-    """The query's content words that the text search uses, and set the text query on `params`.
+async def searched_terms(
+    conn: AsyncConnection, scope: Scope, query: str, cfg: ContextSettings
+) -> list[str]:
+    """The query's content words that the text search uses.
 
-    A word found in more facts of the scope than phase 1 ever reads (RETRIEVAL_TOP_K_MAX) is
-    left out: too common to rank by, and ranking all its matches would cost more than the
-    vector search. Counted once per call, whatever the number of rounds.
+    A word found in more facts of the scope than `text_term_max_facts` is left out: too common
+    to rank by, and ranking all its matches would cost more than the vector search. Needs no
+    vector: a context call runs it once, while the query is embedded.
     """
-    terms: list[str] = []
-    if params["terms"]:
-        cur = await conn.execute(SEARCHED_TERMS_SQL[scope.historical], params)
-        terms = [row[0] for row in await cur.fetchall()]
+    words = query_terms(query)
+    if not words:
+        return []
+    params = {
+        "terms": words,
+        "term_max_facts": cfg.text_term_max_facts,
+        "project_id": scope.project_id,
+        "subject_id": scope.subject_id,
+        "at": scope.at,
+    }
+    cur = await conn.execute(SEARCHED_TERMS_SQL[scope.historical], params)
+    return [row[0] for row in await cur.fetchall()]
+
+
+def _with_terms(params: dict[str, Any], terms: Sequence[str]) -> dict[str, Any]:
     params["text_query"] = " or ".join(terms)
     params["text_rank_full"] = TS_RANK_UNIT * max(1, len(terms))
-    return terms
+    return params
 
 
 def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
     """The highest hybrid score a fact outside the union could have (-inf: none is left out).
 
-    An unseen fact is either older than the recency window (cosine at most the K-th nearest
-    overall, recency at most that of the window's edge) or inside it (cosine at most the K-th
-    nearest of the window, recency at most that of the N-th newest fact). A source that
-    returned fewer rows than asked returned every fact it could. An unseen fact's text rank is
-    at most the K-th best rank, or 0 when the text source returned every match.
+    The newest facts (the window) were all scored on cosine + recency: an unseen one scores at
+    most the lowest partial score kept from them. An older unseen fact is either inside the
+    recency window (cosine at most the K-th nearest of the window) or older (cosine at most the
+    K-th nearest overall, recency at most that of the window's edge), its recency at most that
+    of the oldest fact of the newest window. A source that returned fewer rows than asked
+    returned every fact it could. An unseen fact's text rank is at most the K-th best rank, or
+    0 when the text source returned every match.
     """
-    if row["vector_rows"] < params["top_k"] or row["newest_rows"] < params["newest_k"]:
-        return float("-inf")
+    if row["vector_rows"] < params["top_k"]:
+        return float("-inf")  # the vector source returned every visible fact
     rank = float(row["text_min_rank"]) if row["text_rows"] >= params["top_k"] else 0.0
     base = params["w_text_rank"] * rank
 
@@ -255,16 +288,23 @@ def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
         age = (params["at"] - since).total_seconds()
         return math.exp(-max(age, 0.0) / params["tau_seconds"])
 
-    similarity = 1.0 - float(row["vector_max_distance"])
-    newest_edge = recency(row["newest_oldest"]) if params["newest_k"] else 1.0
-    old = base + params["w_similarity"] * similarity
-    old += params["w_recency"] * min(recency(params["recent_since"]), newest_edge)
-    if row["recent_rows"] < params["recent_k"]:
-        return old
-    if params["recent_k"]:
-        similarity = 1.0 - float(row["recent_max_distance"])
-    recent = base + params["w_similarity"] * similarity + params["w_recency"] * newest_edge
-    return max(old, recent)
+    bounds = []
+    edge = 1.0  # the recency of the newest unseen fact outside the window
+    if params["newest_k"]:
+        if row["newest_rows"] >= params["newest_k"]:
+            bounds.append(base + float(row["newest_min_partial"]))
+        if row["window_rows"] < params["newest_window"]:
+            return max(bounds, default=float("-inf"))  # the window holds every visible fact
+        edge = recency(row["window_oldest"])
+    nearest = 1.0 - float(row["vector_max_distance"])
+    if params["recent_k"] == 0:
+        bounds.append(base + params["w_similarity"] * nearest + params["w_recency"] * edge)
+    elif row["recent_rows"] >= params["recent_k"]:
+        nearest_recent = 1.0 - float(row["recent_max_distance"])
+        bounds.append(base + params["w_similarity"] * nearest_recent + params["w_recency"] * edge)
+    old = min(recency(params["recent_since"]), edge)
+    bounds.append(base + params["w_similarity"] * nearest + params["w_recency"] * old)
+    return max(bounds)
 
 
 def is_exact(rows: list[dict[str, Any]], params: dict[str, Any], top_n: int) -> bool:
@@ -285,15 +325,18 @@ async def fetch_fact_candidates(
     cfg: ContextSettings,
     *,
     exact: bool = False,
+    terms: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Scored fact candidates, best first.
 
     Two-phase by default: if the bounds of phase 1 show that an unseen fact could still enter
     the top `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run
-    again. `exact` scores every visible fact instead (the reference ranking).
+    again. `exact` scores every visible fact instead (the reference ranking). `terms` are the
+    query's `searched_terms` when the caller has them already.
     """
-    params = _params(scope, query, vector, cfg)
-    await searched_terms(conn, scope, params)
+    if terms is None:
+        terms = await searched_terms(conn, scope, query, cfg)
+    params = _with_terms(_params(scope, vector, cfg), terms)
     cur = conn.cursor(row_factory=dict_row)
     if exact:
         await cur.execute(EXACT_SQL[scope.historical], params)
@@ -315,10 +358,12 @@ async def fetch_multi_hop(
     cfg: ContextSettings,
     entities: Sequence[str],
     exclude_ids: Sequence[str],
+    terms: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Facts sharing an entity with the retained ones (no new embedding), best first."""
-    params = _params(scope, query, vector, cfg)
-    await searched_terms(conn, scope, params)
+    if terms is None:
+        terms = await searched_terms(conn, scope, query, cfg)
+    params = _with_terms(_params(scope, vector, cfg), terms)
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
     cur = conn.cursor(row_factory=dict_row)
@@ -333,7 +378,7 @@ async def fetch_episodes(
     if cfg.episode_top_k == 0:
         return []
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_EPISODES_SQL, _params(scope, "", vector, cfg))
+    await cur.execute(_EPISODES_SQL, _params(scope, vector, cfg))
     return await cur.fetchall()
 
 
