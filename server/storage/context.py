@@ -49,13 +49,16 @@ _FACTS_AS_OF = (
     + FACT_VISIBLE_AT
 )
 
+# The recency of a fact `f` at %(at)s: exp(-age / tau), ages in the future counting as 0.
+_RECENCY = """exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
+    / %(tau_seconds)s)"""
+
 # The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
-_SCORED_COLUMNS = """
+_SCORED_COLUMNS = f"""
     f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
     1 - (f.embedding <=> %(vector)s) AS similarity,
-    {text_rank} AS text_rank,
-    exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
-        / %(tau_seconds)s) AS recency,
+    {{text_rank}} AS text_rank,
+    {_RECENCY} AS recency,
     (f.stale_after IS NOT NULL
         AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s) AS expired,
     EXISTS (
@@ -111,9 +114,8 @@ by_recent_vector AS (
 ),
 newest AS (
     SELECT f.id, coalesce(f.valid_from, f.recorded_from) AS since,
-        %(w_similarity)s * (1 - (f.embedding <=> %(vector)s)) + %(w_recency)s
-            * exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
-            / %(tau_seconds)s) AS partial_score
+        %(w_similarity)s * (1 - (f.embedding <=> %(vector)s)) + %(w_recency)s * {recency}
+            AS partial_score
     FROM facts f WHERE {visible}
     ORDER BY coalesce(f.valid_from, f.recorded_from) DESC LIMIT %(newest_window)s
 ),
@@ -199,6 +201,7 @@ def _render(template: str, historical: bool) -> str:
     visible = _FACTS_AS_OF if historical else _CURRENT_FACTS
     return template.format(
         visible=visible,
+        recency=_RECENCY,
         columns=_SCORED_COLUMNS.format(text_rank=_SCORED_TEXT_RANK),
         pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
         score=_SCORE,
