@@ -217,14 +217,22 @@ MULTI_HOP_SQL = (_render(_MULTI_HOP_SQL, False), _render(_MULTI_HOP_SQL, True))
 SEARCHED_TERMS_SQL = (_render(_SEARCHED_TERMS_SQL, False), _render(_SEARCHED_TERMS_SQL, True))
 
 
-def _params(scope: Scope, vector: np.ndarray, cfg: ContextSettings) -> dict[str, Any]:
+def _scope_params(scope: Scope) -> dict[str, Any]:
     return {
-        "text_query": "",
-        "text_rank_full": TS_RANK_UNIT,
         "project_id": scope.project_id,
         "subject_id": scope.subject_id,
         "at": scope.at,
         "historical": scope.historical,
+    }
+
+
+def _params(
+    scope: Scope, vector: np.ndarray, cfg: ContextSettings, terms: Sequence[str] = ()
+) -> dict[str, Any]:
+    return {
+        **_scope_params(scope),
+        "text_query": " or ".join(terms),
+        "text_rank_full": TS_RANK_UNIT * max(1, len(terms)),
         "vector": vector,
         "top_k": cfg.retrieval_top_k,
         "recent_k": cfg.recency_top_k,
@@ -254,21 +262,9 @@ async def searched_terms(
     words = query_terms(query)
     if not words:
         return []
-    params = {
-        "terms": words,
-        "term_max_facts": cfg.text_term_max_facts,
-        "project_id": scope.project_id,
-        "subject_id": scope.subject_id,
-        "at": scope.at,
-    }
+    params = {**_scope_params(scope), "terms": words, "term_max_facts": cfg.text_term_max_facts}
     cur = await conn.execute(SEARCHED_TERMS_SQL[scope.historical], params)
     return [row[0] for row in await cur.fetchall()]
-
-
-def _with_terms(params: dict[str, Any], terms: Sequence[str]) -> dict[str, Any]:
-    params["text_query"] = " or ".join(terms)
-    params["text_rank_full"] = TS_RANK_UNIT * max(1, len(terms))
-    return params
 
 
 def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
@@ -339,7 +335,7 @@ async def fetch_fact_candidates(
     """
     if terms is None:
         terms = await searched_terms(conn, scope, query, cfg)
-    params = _with_terms(_params(scope, vector, cfg), terms)
+    params = _params(scope, vector, cfg, terms)
     cur = conn.cursor(row_factory=dict_row)
     if exact:
         await cur.execute(EXACT_SQL[scope.historical], params)
@@ -366,7 +362,7 @@ async def fetch_multi_hop(
     """Facts sharing an entity with the retained ones (no new embedding), best first."""
     if terms is None:
         terms = await searched_terms(conn, scope, query, cfg)
-    params = _with_terms(_params(scope, vector, cfg), terms)
+    params = _params(scope, vector, cfg, terms)
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
     cur = conn.cursor(row_factory=dict_row)
