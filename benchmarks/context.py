@@ -1,12 +1,16 @@
 """Context retrieval benchmark: exact full scan vs two-phase, top-10 agreement, whole calls.
 
-    .venv/bin/python benchmarks/context.py [--sizes 10000 100000] [--queries 200]
+    .venv/bin/python benchmarks/context.py [--sizes 10000 100000] [--conversation 300]
+        [--queries 200] [--load-order chronological|random]
 
-Loads synthetic scopes (vectors mixing real embeddings of an activity, a person and a city,
-templated statements, validity dates spread over two years) into a scratch database on
-the embedded PostgreSQL (or SATCHEL_DATABASE_URL), then prints side by side, in one run: the
-exact full-scan latency, the two-phase latency (p50/p90) and its top-10 agreement with the exact
-ranking for several K, the query embedding alone, and whole AssembleContext calls over gRPC.
+Loads, into one facts table of a scratch database on the embedded PostgreSQL (or
+SATCHEL_DATABASE_URL): a conversation-sized scope through the public API (facts and events,
+as an agent writes them), then synthetic scopes of each size (vectors mixing real embeddings
+of an activity, a person and a city, templated statements, validity dates spread over two
+years, inserted oldest first as facts arrive, or in random order). Then prints for each scope,
+side by side in one run: the exact full-scan latency, the two-phase latency (p50/p90) and its
+top-10 agreement with the exact ranking for several settings, the query embedding alone, and
+whole AssembleContext calls over gRPC.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import numpy as np
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from satchel.server.config import Settings
+from satchel.server.config import ContextSettings, Settings
 from satchel.server.storage import context as store
+from satchel.server.storage import memory as memory_store
 from satchel.server.storage.migrations import apply_migrations
 from satchel.server.storage.pool import create_pool
 
@@ -172,9 +177,12 @@ def questions(count: int, rng: random.Random) -> list[str]:
     ]
 
 
-def synthetic_facts(n: int, parts: dict[str, np.ndarray], rng: np.random.Generator) -> list[tuple]:
+def synthetic_facts(
+    n: int, parts: dict[str, np.ndarray], rng: np.random.Generator, chronological: bool
+) -> list[tuple]:
     """Templated statements whose vectors mix real embeddings of their activity, person and
-    city (plus noise): facts cluster by activity, and the person named still matters."""
+    city (plus noise): facts cluster by activity, and the person named still matters. Oldest
+    first when `chronological` (facts arrive over time), else in random order."""
     now = datetime.now(UTC)
     rows = []
     noise = rng.normal(0.0, 0.02, size=(n, parts["activity"].shape[1])).astype(np.float32)
@@ -186,11 +194,14 @@ def synthetic_facts(n: int, parts: dict[str, np.ndarray], rng: np.random.Generat
             0.75 * parts["activity"][a] + 0.45 * parts["name"][p] + 0.25 * parts["city"][c]
         ) + noise[i]
         rows.append((statement, vector / np.linalg.norm(vector), when))
+    if chronological:
+        rows.sort(key=lambda row: row[2])
     return rows
 
 
 def load_scope(dsn: str, project: str, rows: list[tuple]) -> float:
-    """COPY the facts in, then build the HNSW index once (as a bulk load should); seconds."""
+    """COPY the facts in, count their words as the write path does, then build the HNSW index
+    once (as a bulk load should); seconds."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
         # Rebuilt after the COPY exactly as the migrations define it.
@@ -206,9 +217,67 @@ def load_scope(dsn: str, project: str, rows: list[tuple]) -> float:
                 copy.write_row(
                     (project, "s", "note", '{"kind": "synthetic"}', statement, when, literal, "b")
                 )
+        ids = conn.execute("SELECT array_agg(id) FROM facts WHERE project_id = %s", (project,))
+        conn.execute(memory_store.COUNT_FACT_TERMS_SQL, ids.fetchone())
         conn.execute("SET maintenance_work_mem = '1GB'")
         conn.execute(create_index)
         conn.execute("VACUUM ANALYZE facts")
+    return time.perf_counter() - started
+
+
+async def load_conversation(settings: Settings, project: str, facts: int, seed: int) -> float:
+    """A conversation-sized scope written through the public API, as an agent would: twice as
+    many events (messages) as facts, each fact sourced from one of them; seconds."""
+    import grpc
+    from google.protobuf import struct_pb2
+
+    from satchel.server.app import SatchelServer
+    from satchel.v1 import memory_pb2, memory_pb2_grpc
+
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    server = SatchelServer(replace(settings, listen="127.0.0.1:0"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = memory_pb2_grpc.MemoryServiceStub(channel)
+            events = []
+            for _ in range(2 * facts):
+                payload = struct_pb2.Struct()
+                payload.update(
+                    {
+                        "speaker": rng.choice(NAMES[:2]),
+                        "text": f"I {rng.choice(ACTIVITIES)} in {rng.choice(CITIES)}"
+                        f" with {rng.choice(NAMES)}",
+                    }
+                )
+                events.append(
+                    memory_pb2.RecordEventRequest(
+                        project_id=project,
+                        subject_id="s",
+                        kind="conversation.message",
+                        payload=payload,
+                    )
+                )
+            recorded = await stub.BatchRecordEvents(
+                memory_pb2.BatchRecordEventsRequest(requests=events)
+            )
+            event_ids = [e.id for e in recorded.events]
+            requests = [
+                memory_pb2.AssertFactRequest(
+                    project_id=project,
+                    subject_id="s",
+                    predicate="note",
+                    value=struct_pb2.Value(string_value="synthetic"),
+                    statement=f"{rng.choice(NAMES)} {rng.choice(ACTIVITIES)}"
+                    f" in {rng.choice(CITIES)}",
+                    source_event_ids=[rng.choice(event_ids)],
+                )
+                for _ in range(facts)
+            ]
+            await stub.BatchAssertFacts(memory_pb2.BatchAssertFactsRequest(requests=requests))
+    finally:
+        await server.stop()
     return time.perf_counter() - started
 
 
@@ -217,77 +286,92 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _row(label: str, times: list[float], tail: str = "") -> str:
+    return (
+        f"  {label:<44} p50 {percentile(times, 0.5):7.2f} ms"
+        f"   p90 {percentile(times, 0.9):7.2f} ms{tail}"
+    )
+
+
+# (K, newest window, K max): "fixed" runs one round, "adaptive" widens while needed.
+GRID = [
+    (64, 2048, 64),
+    (64, 2048, 1024),
+    (64, 4096, 1024),
+    (128, 4096, 128),
+    (128, 4096, 1024),
+    (256, 8192, 1024),
+]
+
+
 async def measure_sql(
     dsn: str, settings: Settings, project: str, queries: list[tuple[str, np.ndarray]]
 ) -> None:
     pool = create_pool(dsn, min_size=1, max_size=2, ef_search=settings.hnsw_ef_search)
     await pool.open(wait=True)
     scope = store.Scope(project, "s", datetime.now(UTC), historical=False)
-    exact_cfg = replace(settings.context, candidate_limit=10)
+    defaults = settings.context
     async with pool.connection() as conn:
+        # The searched words and the scope's size need no vector: a context call looks them up
+        # while the query is embedded. Timed apart, then given to every run.
+        plan_ms, plans = [], []
+        for text, _ in queries:
+            started = time.perf_counter()
+            plans.append(await store.plan_query(conn, scope, text, defaults))
+            plan_ms.append((time.perf_counter() - started) * 1000)
         exact_ms, exact_top = [], []
-        for text, vector in queries:
+        reference = replace(defaults, candidate_limit=10)
+        for (_, vector), plan in zip(queries, plans, strict=True):
             started = time.perf_counter()
             rows = await store.fetch_fact_candidates(
-                conn, scope, text, vector, exact_cfg, exact=True
+                conn, scope, vector, reference, plan, exact=True
             )
             exact_ms.append((time.perf_counter() - started) * 1000)
             exact_top.append([str(r["id"]) for r in rows[:10]])
-        print(
-            f"  exact full scan          p50 {percentile(exact_ms, 0.5):7.2f} ms"
-            f"   p90 {percentile(exact_ms, 0.9):7.2f} ms"
-        )
-        # The searched words need no vector: a context call looks them up while the query is
-        # embedded. Timed apart, then given to every two-phase run.
-        terms_ms, terms = [], []
-        for text, _ in queries:
-            started = time.perf_counter()
-            terms.append(await store.searched_terms(conn, scope, text, settings.context))
-            terms_ms.append((time.perf_counter() - started) * 1000)
-        print(
-            f"  searched-words lookup    p50 {percentile(terms_ms, 0.5):7.2f} ms"
-            f"   p90 {percentile(terms_ms, 0.9):7.2f} ms   (overlaps the query embedding)"
-        )
-        # (K, R, newest window, K max): "fixed" runs one round, "adaptive" widens while needed.
-        # Window 64 keeping 64 is the previous design (the 64 newest facts, all scored).
-        grid = [
-            (64, 64, 64, 64),
-            (64, 64, 64, 1024),
-            (64, 64, 2048, 64),
-            (64, 64, 2048, 1024),
-            (128, 128, 2048, 1024),
-            (64, 64, 4096, 1024),
-        ]
-        for top_k, recent_k, window, top_k_max in grid:
-            cfg = replace(
-                settings.context,
-                retrieval_top_k=top_k,
-                recency_top_k=recent_k,
-                newest_window=window,
-                retrieval_top_k_max=top_k_max,
-            )
+        print(_row("exact full scan", exact_ms))
+        print(_row("words and scope size (during the embedding)", plan_ms))
+
+        async def run(cfg: ContextSettings, label: str) -> None:
             times, same, overlap = [], 0, 0.0
-            runs = zip(queries, terms, exact_top, strict=True)
-            for (text, vector), words, exact in runs:
+            for (text, vector), exact in zip(queries, exact_top, strict=True):
+                plan = await store.plan_query(conn, scope, text, cfg)
                 started = time.perf_counter()
-                rows = await store.fetch_fact_candidates(
-                    conn, scope, text, vector, cfg, terms=words
-                )
+                rows = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
                 times.append((time.perf_counter() - started) * 1000)
                 got = [str(r["id"]) for r in rows[:10]]
                 same += set(got) == set(exact)
                 overlap += len(set(got) & set(exact)) / max(1, len(exact))
-            mode = "adaptive" if top_k_max > top_k else "fixed   "
-            print(
-                f"  two-phase K={top_k:<3} R={recent_k:<3} window={window:<4} {mode}"
-                f"  p50 {percentile(times, 0.5):7.2f} ms   p90 {percentile(times, 0.9):7.2f} ms"
+            tail = (
                 f"   top-10 identical {100 * same / len(queries):5.1f} %"
                 f"   overlap {100 * overlap / len(queries):5.1f} %"
             )
+            print(_row(label, times, tail))
+
+        exact_path = plans[0].scope_facts <= defaults.exact_scope_max
+        if exact_path:
+            await run(defaults, "default: exact path (a small scope)")
+        # Two phases (forced for a small scope), for scopes larger than the smallest window.
+        larger = plans[0].scope_facts > min(window for _, window, _ in GRID)
+        for top_k, window, top_k_max in GRID if larger else ():
+            cfg = replace(
+                defaults,
+                exact_scope_max=0,
+                retrieval_top_k=top_k,
+                newest_window=window,
+                retrieval_top_k_max=top_k_max,
+            )
+            mode = "adaptive" if top_k_max > top_k else "fixed"
+            default = not exact_path and (top_k, window, top_k_max) == (
+                defaults.retrieval_top_k,
+                defaults.newest_window,
+                defaults.retrieval_top_k_max,
+            )
+            label = f"{'default: ' if default else ''}two-phase K={top_k} window={window} {mode}"
+            await run(cfg, label)
     await pool.close()
 
 
-async def measure_calls(settings: Settings, project: str, texts: list[str], embedder) -> None:
+async def measure_calls(settings: Settings, project: str, texts: list[str]) -> None:
     """Whole AssembleContext calls over gRPC vs the query embedding alone, interleaved."""
     import grpc
 
@@ -320,12 +404,9 @@ async def measure_calls(settings: Settings, project: str, texts: list[str], embe
                 call_ms.append((time.perf_counter() - started) * 1000)
     finally:
         await server.stop()
-    e50, c50 = statistics.median(embed_ms), statistics.median(call_ms)
-    print(f"  query embedding alone    p50 {e50:7.2f} ms   p90 {percentile(embed_ms, 0.9):7.2f} ms")
-    print(
-        f"  AssembleContext (gRPC)   p50 {c50:7.2f} ms   p90 {percentile(call_ms, 0.9):7.2f} ms"
-        f"   ratio to embedding {c50 / e50:4.2f}x"
-    )
+    ratio = statistics.median(call_ms) / statistics.median(embed_ms)
+    print(_row("query embedding alone", embed_ms))
+    print(_row("AssembleContext over gRPC", call_ms, f"   ratio to embedding {ratio:4.2f}x"))
 
 
 def scratch_database(base_dsn: str) -> str:
@@ -340,8 +421,12 @@ def scratch_database(base_dsn: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--conversation", type=int, default=300, help="facts (0: none)")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--load-order", choices=("chronological", "random"), default="chronological"
+    )
     args = parser.parse_args()
 
     from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
@@ -372,15 +457,28 @@ def main() -> int:
         texts = questions(args.queries, pick)
         query_vectors = embedder.embed(texts)
         queries = list(zip(texts, query_vectors, strict=True))
-        print(f"satchel context benchmark, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d}")
+        print(
+            f"satchel context benchmark, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d},"
+            f" synthetic facts loaded {args.load_order}"
+        )
+        # Every scope is loaded first: they share one table, as tenants do.
+        scopes = []
+        if args.conversation:
+            project = "bench-conversation"
+            seconds = asyncio.run(load_conversation(settings, project, args.conversation, 1))
+            scopes.append((project, f"{args.conversation} facts, {2 * args.conversation} events"))
+            print(f"loaded the conversation scope through the API in {seconds:.0f} s")
+        chronological = args.load_order == "chronological"
         for size in args.sizes:
             project = f"bench-{size}"
-            seconds = load_scope(dsn, project, synthetic_facts(size, parts, rng))
-            print(
-                f"\n{size} facts in one scope (loaded in {seconds:.0f} s), {len(queries)} queries"
-            )
+            rows = synthetic_facts(size, parts, rng, chronological)
+            seconds = load_scope(dsn, project, rows)
+            scopes.append((project, f"{size} facts"))
+            print(f"loaded {size} facts in {seconds:.0f} s")
+        for project, label in scopes:
+            print(f"\n{label} in one scope, {len(queries)} queries")
             asyncio.run(measure_sql(dsn, settings, project, queries))
-            asyncio.run(measure_calls(settings, project, texts, embedder))
+            asyncio.run(measure_calls(settings, project, texts))
     finally:
         if embedded is not None:
             embedded.stop()

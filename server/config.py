@@ -34,15 +34,16 @@ class ContextSettings:
     """Knobs of context assembly (weights and limits are configuration, not contract)."""
 
     default_budget_tokens: int = 900
-    retrieval_top_k: int = 64
+    retrieval_top_k: int = 128
     # The best facts handed to packing: with the default budget the main pass leaves room for
     # the multi-hop facts and the episodes (measured in benchmarks/locomo.md).
     candidate_limit: int = 24
-    recency_top_k: int = 64
-    recency_window_days: float = 90.0
-    # The newest facts of the scope are all scored on cosine and recency; the best of them go
-    # to phase 2 (an exact source where recency weighs most; benchmarks/context.md).
-    newest_window: int = 2048
+    # A scope with at most this many active facts is scored exactly, fact by fact: below it,
+    # that costs less than two phases (benchmarks/context.md).
+    exact_scope_max: int = 10_000
+    # Two-phase: the newest facts of the scope are all scored on cosine and recency; the best
+    # of them go to phase 2 (an exact source where recency weighs most).
+    newest_window: int = 4096
     newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
     # A query word found in more facts of the scope than this is too common to rank by.
@@ -133,10 +134,9 @@ class Settings:
             (c.default_budget_tokens > 0, "SATCHEL_DEFAULT_BUDGET_TOKENS must be positive"),
             (c.retrieval_top_k > 0, "SATCHEL_RETRIEVAL_TOP_K must be positive"),
             (c.candidate_limit > 0, "SATCHEL_CANDIDATE_LIMIT must be positive"),
-            (c.recency_top_k >= 0, "SATCHEL_RECENCY_TOP_K must not be negative"),
-            (c.recency_window_days >= 0, "SATCHEL_RECENCY_WINDOW_DAYS must not be negative"),
             (c.newest_top_k >= 0, "SATCHEL_NEWEST_TOP_K must not be negative"),
             (c.newest_window >= 0, "SATCHEL_NEWEST_WINDOW must not be negative"),
+            (c.exact_scope_max >= 0, "SATCHEL_EXACT_SCOPE_MAX must not be negative"),
             (c.text_term_max_facts >= 1, "SATCHEL_TEXT_TERM_MAX_FACTS must be positive"),
             (
                 c.retrieval_top_k_max >= c.retrieval_top_k,

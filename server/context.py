@@ -176,10 +176,10 @@ async def assemble(
         async with pool.connection() as conn:
             return await query(conn, *args, **kwargs)
 
-    # The words of the text search need no vector: look them up while the query is embedded.
+    # The searched words and the scope's size need no vector: looked up while embedding.
     embedding = asyncio.ensure_future(runtime.embed_query(request.query))
     try:
-        terms = await fetch(store.searched_terms, scope, request.query, cfg)
+        plan = await fetch(store.plan_query, scope, request.query, cfg)
         vector = await embedding
     finally:
         embedding.cancel()
@@ -187,7 +187,7 @@ async def assemble(
 
     packer = Packer(request.budget_tokens, max_distance=cfg.recall_max_distance)
     rows, episodes = await asyncio.gather(
-        fetch(store.fetch_fact_candidates, scope, request.query, vector, cfg, terms=terms),
+        fetch(store.fetch_fact_candidates, scope, vector, cfg, plan),
         fetch(store.fetch_episodes, scope, vector, cfg),
     )
     mark = timer.add("retrieve", mark)
@@ -200,14 +200,7 @@ async def assemble(
     entities = extract_entities(retained, request.query, cfg.multi_hop_max_entities)
     if packer.remaining > 0 and entities:
         hops = await fetch(
-            store.fetch_multi_hop,
-            scope,
-            request.query,
-            vector,
-            cfg,
-            entities,
-            list(rows_by_id),
-            terms=terms,
+            store.fetch_multi_hop, scope, vector, cfg, plan, entities, list(rows_by_id)
         )
         mark = timer.add("retrieve", mark)
         rows_by_id.update((str(r["id"]), r) for r in hops)

@@ -190,6 +190,7 @@ async def assert_facts(
         created = [(i, row) for i, row in zip(to_insert, rows, strict=True) if row is not None]
         pairs = await _check_fact_references(conn, facts, paths, created)
         await store.supersede_facts(conn, pairs)
+        await store.count_fact_terms(conn, [row.id for _, row in created])
         for index, row in created:
             results[index] = Written(row, True)
     return _assemble(keys, existing, results, repeats)

@@ -370,14 +370,8 @@ async def test_multi_hop_adds_a_fact_related_only_through_an_entity(
             "Quarterly revenue rose by ten percent",
         ],
     )
-    # Two candidates per source and no widening: the tram fact is left out of the main pass.
-    async with start_server(
-        retrieval_top_k=2,
-        retrieval_top_k_max=2,
-        recency_top_k=0,
-        newest_top_k=0,
-        recall_max_distance=0.6,
-    ) as narrow:
+    # Two candidates handed to packing: the tram fact is left out of the main pass.
+    async with start_server(candidate_limit=2, recall_max_distance=0.6) as narrow:
         reply = await assemble(narrow, project_id, "Where did Caroline move to?")
         statements = [f.statement for f in reply.packet.facts]
         assert statements[0] == "Caroline moved to Lisbon in March"

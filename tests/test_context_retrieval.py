@@ -15,6 +15,7 @@ from memory_helpers import fact_request
 from memory_helpers import stub as memory_stub
 
 from satchel.server import cli
+from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.storage import context as store
 from satchel.v1 import memory_pb2
 
@@ -53,7 +54,14 @@ async def test_adaptive_two_phase_matches_the_exact_top_10(
         memory_pb2.BatchAssertFactsRequest(requests=requests)
     )
     runtime = server.runtime.value
-    cfg = replace(runtime.settings.context, retrieval_top_k=8, recency_top_k=8, newest_top_k=8)
+    # Two phases for a scope of more than 16 facts, a window of 16 newest facts.
+    cfg = replace(
+        runtime.settings.context,
+        retrieval_top_k=8,
+        exact_scope_max=16,
+        newest_window=16,
+        newest_top_k=8,
+    )
     fixed = replace(cfg, retrieval_top_k_max=8)
     scope = store.Scope(project_id, "user-1", now, historical=False)
     misses_when_fixed = 0
@@ -68,68 +76,100 @@ async def test_adaptive_two_phase_matches_the_exact_top_10(
         )
         for query in queries:
             vector = await runtime.embed_query(query)
-            exact = await store.fetch_fact_candidates(conn, scope, query, vector, cfg, exact=True)
-            adaptive = await store.fetch_fact_candidates(conn, scope, query, vector, cfg)
+            plan = await store.plan_query(conn, scope, query, cfg)
+            assert plan.scope_facts == 17, "counted up to one more than the exact path takes"
+            exact = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan, exact=True)
+            adaptive = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
+            assert "window_rows" in adaptive[0], "the two-phase statement served it"
             assert [r["id"] for r in adaptive[:10]] == [r["id"] for r in exact[:10]], query
-            narrow = await store.fetch_fact_candidates(conn, scope, query, vector, fixed)
+            narrow = await store.fetch_fact_candidates(conn, scope, vector, fixed, plan)
             misses_when_fixed += [r["id"] for r in narrow[:10]] != [r["id"] for r in exact[:10]]
+        # By default a scope this small is scored exactly, in one statement.
+        plan = await store.plan_query(
+            conn, scope, "Who plays the violin?", runtime.settings.context
+        )
+        assert plan.scope_facts == 150
+        rows = await store.fetch_fact_candidates(
+            conn, scope, vector, runtime.settings.context, plan
+        )
+        assert "window_rows" not in rows[0]
     assert misses_when_fixed > 0, "the scope is large enough for K=8 alone to miss"
 
 
-def test_unseen_score_bound_reads_each_source() -> None:
-    at = datetime(2026, 1, 1, tzinfo=UTC)
-    params = {
-        "top_k": 4,
-        "recent_k": 4,
-        "newest_k": 4,
-        "newest_window": 100,
-        "at": at,
-        "recent_since": at - timedelta(days=90),
-        "tau_seconds": 30 * 86400.0,
-        "w_similarity": 0.6,
-        "w_text_rank": 0.25,
-        "w_recency": 0.15,
-    }
-    row = {
-        "vector_rows": 4,
-        "vector_max_distance": 0.5,
-        "recent_rows": 4,
-        "recent_max_distance": 0.7,
-        "window_rows": 100,
-        "window_oldest": at - timedelta(days=3),
-        "newest_rows": 4,
-        "newest_min_partial": 0.2,
-        "text_rows": 1,
-        "text_min_rank": 0.9,
-    }
-    old = 0.6 * 0.5 + 0.15 * math.exp(-3)  # the recency window's edge: 90 days = 3 tau
-    recent = 0.6 * 0.3 + 0.15 * math.exp(-0.1)  # the 100th newest fact is 3 days old
-    newest = 0.2  # the lowest partial score kept from the window
-    assert abs(store.unseen_score_bound(row, params) - max(old, recent, newest)) < 1e-9
-    in_window = {**row, "newest_min_partial": 0.5}
-    assert abs(store.unseen_score_bound(in_window, params) - 0.5) < 1e-9
-    # A source that returned fewer rows than asked returned everything it could.
-    assert store.unseen_score_bound({**row, "vector_rows": 3}, params) == float("-inf")
-    whole_scope = {**row, "window_rows": 40, "newest_rows": 3}
-    assert store.unseen_score_bound(whole_scope, params) == float("-inf")
-    assert store.unseen_score_bound({**whole_scope, "newest_rows": 4}, params) == newest
-    no_recent_left = {**row, "recent_rows": 3}
-    assert abs(store.unseen_score_bound(no_recent_left, params) - max(old, newest)) < 1e-9
-    # Without the newest window, an unseen fact may be brand new.
-    no_window = {**params, "newest_k": 0}
-    brand_new = 0.6 * 0.3 + 0.15 * 1.0
-    assert (
-        abs(
-            store.unseen_score_bound(row, no_window)
-            - max(brand_new, 0.6 * 0.5 + 0.15 * math.exp(-3))
+async def test_searched_words_leave_out_words_too_common_in_the_scope(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    statements = [f"Caroline {hobby} every week" for hobby in HOBBIES] + ["Melanie has a cat"]
+    await memory_stub(channel).BatchAssertFacts(
+        memory_pb2.BatchAssertFactsRequest(
+            requests=[fact_request(project_id, statement=s) for s in statements]
         )
-        < 1e-9
     )
-    full_text = {**row, "text_rows": 4, "text_min_rank": 0.2}
-    assert abs(store.unseen_score_bound(full_text, params) - (max(old, recent) + 0.05)) < 1e-9
-    ranked = [{"score": s, **row} for s in (0.9, 0.8, 0.7, 0.6)]
-    assert store.is_exact(ranked, params, top_n=3)
-    assert not store.is_exact([{**r, "score": r["score"] - 0.5} for r in ranked], params, 3)
+    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline rests"))
+    runtime = server.runtime.value
+    scope = store.Scope(project_id, "user-1", datetime.now(UTC), historical=False)
+    cfg = replace(runtime.settings.context, text_term_max_facts=6)
+    async with runtime.pool.connection() as conn:
+        # "caroline" is in 7 facts, "week" in 6, "melanie" in 1, "dogs" in none ("every" is a
+        # stop word).
+        plan = await store.plan_query(
+            conn, scope, "Does Caroline, Melanie walk dogs every week?", cfg
+        )
+        assert plan.terms == ["melanie", "walk", "dogs", "week"]
+        # The counts kept on write equal a recount of the scope's facts.
+        cur = await conn.execute(
+            """
+            SELECT c.term, c.facts, (
+                SELECT count(*) FROM facts f
+                WHERE f.project_id = c.project_id AND f.subject_id = c.subject_id
+                  AND f.search_vector @@ to_tsquery('simple', quote_literal(c.term))
+            ) FROM fact_term_counts c WHERE c.project_id = %s
+            """,
+            (project_id,),
+        )
+        counts = {term: (kept, recount) for term, kept, recount in await cur.fetchall()}
+    assert counts["caroline"] == (7, 7) and counts["melanie"] == (1, 1)
+    assert all(kept == recount for kept, recount in counts.values()), counts
+
+
+def test_unseen_score_bound_reads_each_source() -> None:
+    weights = Weights(similarity=0.6, text_rank=0.25, recency=0.15, tau_seconds=30 * 86400.0)
+    report = SourceReport(
+        window_rows=100,
+        window_limit=100,
+        window_oldest_age_seconds=3 * 86400.0,
+        newest_rows=4,
+        newest_limit=4,
+        newest_min_partial=0.2,
+        vector_rows=4,
+        vector_limit=4,
+        vector_max_distance=0.5,
+        text_rows=1,
+        text_limit=4,
+        text_min_rank=0.9,
+    )
+    older = 0.6 * 0.5 + 0.15 * math.exp(-0.1)  # the window's oldest fact is 3 days old
+    assert abs(unseen_score_bound(report, weights) - older) < 1e-9
+    # An unseen fact of the window scores at most the lowest partial score kept from it.
+    kept_high = replace(report, newest_min_partial=0.5)
+    assert abs(unseen_score_bound(kept_high, weights) - 0.5) < 1e-9
+    # A window that was not full held every visible fact: only its unkept facts are unseen.
+    whole_scope = replace(report, window_rows=40, newest_rows=3)
+    assert unseen_score_bound(whole_scope, weights) == float("-inf")
+    assert unseen_score_bound(replace(whole_scope, newest_rows=4), weights) == 0.2
+    # A vector source that came back short (HNSW's scan limit) or did not run gives no bound.
+    assert unseen_score_bound(replace(report, vector_rows=3), weights) == float("inf")
+    assert unseen_score_bound(replace(report, vector_rows=None), weights) == float("inf")
+    # A full text source: an unseen fact may rank up to its K-th rank.
+    full_text = replace(report, text_rows=4, text_min_rank=0.2)
+    assert abs(unseen_score_bound(full_text, weights) - (older + 0.25 * 0.2)) < 1e-9
+    # Without a window, an unseen fact may be brand new.
+    no_window = replace(report, window_limit=0, window_rows=0, window_oldest_age_seconds=None)
+    assert abs(unseen_score_bound(no_window, weights) - (0.6 * 0.5 + 0.15)) < 1e-9
+    assert holds_top([0.9, 0.8, 0.7, 0.6], older, top_n=3)
+    assert not holds_top([0.4, 0.3, 0.2, 0.1], older, top_n=3)
+    assert not holds_top([0.9, 0.8], older, top_n=3), "too few scored to know"
+    assert holds_top([0.1], float("-inf"), top_n=3)
 
 
 def test_calibrate_floor_proposes_a_threshold_from_labelled_pairs(

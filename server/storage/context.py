@@ -1,18 +1,21 @@
 """SQL of context assembly: candidate retrieval, multi-hop, episodes, traces and stats.
 
-Retrieval is two-phase. Phase 1 gathers ids from indexes only: the top-K facts by cosine
-(HNSW), the top-K by full-text rank (GIN), and the K most recent. Phase 2 computes the hybrid
-score on that union only, reading just the columns packing needs. The same filters serve "now"
-(status = active, still valid) and point-in-time calls (`as_of`: valid then, as recorded then).
+A scope that holds at most `exact_scope_max` active facts is scored exactly: every fact, in
+one statement. A larger one is retrieved in two phases, also in one statement. Phase 1 gathers ids
+from three sources: the newest facts of the scope (each scored on cosine + recency, the best
+kept), the K nearest facts by cosine (HNSW) and the K best full-text matches (GIN). Phase 2
+computes the hybrid score of their union only, reading just the columns packing needs; phase 1
+is widened while a fact it left out could still enter the top (`domain.retrieval`). The same
+filters serve "now" (status = active, still valid) and point-in-time calls (`as_of`: valid
+then, as recorded then).
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
+from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.domain.text_query import TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
 
@@ -36,7 +40,16 @@ class Scope:
     historical: bool
 
 
-# Facts visible at %(at)s. "now" uses the partial index on active facts; as_of reads history.
+@dataclass(frozen=True)
+class QueryPlan:
+    """What a context call knows before its query is embedded: the searched words, and the
+    scope's active facts (counted up to one more than `exact_scope_max`)."""
+
+    terms: list[str]
+    scope_facts: int
+
+
+# Facts visible at %(at)s. "now" uses the partial indexes on active facts; as_of reads history.
 _CURRENT_FACTS = """
     f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
     AND f.status = 'active'
@@ -50,8 +63,8 @@ _FACTS_AS_OF = (
 )
 
 # The recency of a fact `f` at %(at)s: exp(-age / tau), ages in the future counting as 0.
-_RECENCY = """exp(-greatest(date_part('epoch', %(at)s - coalesce(f.valid_from, f.recorded_from)), 0)
-    / %(tau_seconds)s)"""
+# `since_epoch` is when its validity starts, in seconds (a stored column: migration 0007).
+_RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
 
 # The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
 _SCORED_COLUMNS = f"""
@@ -68,9 +81,9 @@ _SCORED_COLUMNS = f"""
     ) AS in_open_conflict
 """
 
-# The text query: any of the searched words (see `searched_terms`), through
-# websearch_to_tsquery, which accepts any text. The text rank is ts_rank_cd divided by what a
-# fact holding each searched word once gets, capped at 1: it weighs on the cosine's scale.
+# The text query: any of the searched words (see `plan_query`), through websearch_to_tsquery,
+# which accepts any text. The text rank is ts_rank_cd divided by what a fact holding each
+# searched word once gets, capped at 1: it weighs on the cosine's scale.
 _TEXT_QUERY = "SELECT websearch_to_tsquery('simple', %(text_query)s) AS tsq"
 _TEXT_RANK = "least(1.0, ts_rank_cd(f.search_vector, q.tsq) / %(text_rank_full)s)"
 # ts_rank_cd is the costly part of scoring: it runs on matching facts only (it is 0 elsewhere),
@@ -78,42 +91,55 @@ _TEXT_RANK = "least(1.0, ts_rank_cd(f.search_vector, q.tsq) / %(text_rank_full)s
 _SCORED_TEXT_RANK = f"CASE WHEN f.search_vector @@ q.tsq THEN {_TEXT_RANK} ELSE 0.0 END"
 _POOLED_TEXT_RANK = f"coalesce(pool.text_rank, {_SCORED_TEXT_RANK})"
 
-# The content words of the query found in at most `term_max_facts` facts of the scope (each
-# count stops there), in query order.
-_SEARCHED_TERMS_SQL = """
-SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
-WHERE (
-    SELECT count(*) FROM (
-        SELECT 1 FROM facts f
-        WHERE {visible} AND f.search_vector @@ plainto_tsquery('simple', t.term)
-        LIMIT %(term_max_facts)s + 1
-    ) m
-) <= %(term_max_facts)s
-ORDER BY t.position
-"""
-
 _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
 """
 
-# Phase 1 has four sources: the K nearest facts (HNSW), the K nearest facts of the recency
-# window (HNSW under a date filter: where recency still weighs), the newest facts (an index
-# scan: each is scored on cosine + recency, the best go on), and the K best full-text matches
-# (GIN). Each keeps what bounds the score of a fact it did not return (its K-th distance,
-# partial score or rank); phase 2 scores the union and reports those bounds on every row.
+# Before the query is embedded: the content words of the query held by at most
+# `term_max_facts` facts of the scope (as counted on write: migration 0007), in query order,
+# and the scope's active facts, counted up to one more than `exact_scope_max` (an index-only
+# scan: the count chooses the path, the filters of the path itself decide what is visible).
+_PLAN_SQL = """
+SELECT ARRAY(
+    SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
+    LEFT JOIN fact_term_counts c
+        ON c.project_id = %(project_id)s AND c.subject_id = %(subject_id)s AND c.term = t.term
+    WHERE coalesce(c.facts, 0) <= %(term_max_facts)s
+    ORDER BY t.position
+) AS terms,
+(SELECT count(*) FROM (
+    SELECT 1 FROM facts f
+    WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
+      AND f.status = 'active'
+    LIMIT %(exact_scope_max)s + 1
+) scope) AS scope_facts
+"""
+
+# The exact path: the hybrid score of every visible fact, reading only what the score needs;
+# the other columns are read for the best ones only. Serves small scopes and the benchmarks'
+# reference ranking.
+_EXACT_SQL = """
+WITH q AS ({text_query}),
+best AS (
+    SELECT f.id FROM facts f, q WHERE {visible}
+    ORDER BY %(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
+        + %(w_text_rank)s * {scored_text_rank} + %(w_recency)s * {recency} DESC, f.id
+    LIMIT %(candidate_limit)s
+),
+scored AS (SELECT {columns} FROM facts f JOIN best USING (id), q)
+SELECT *, {score} AS score FROM scored ORDER BY score DESC, id
+"""
+
+# Two-phase retrieval. Phase 1 has three sources, each returning what bounds the score of a
+# fact it left out: the newest facts (a date index scan; each is scored on cosine + recency
+# and the best `newest_k` go on: the lowest kept partial score, how many were read, how old
+# the oldest is), the K nearest facts (HNSW, iterative scan under the scope filter: the K-th
+# distance) and the K best full-text matches (GIN: the K-th rank). Phase 2 scores the union
+# and reports those bounds on every row.
 _CANDIDATES_SQL = """
 WITH q AS ({text_query}),
-by_vector AS (
-    SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f WHERE {visible}
-    ORDER BY f.embedding <=> %(vector)s LIMIT %(top_k)s
-),
-by_recent_vector AS (
-    SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f
-    WHERE {visible} AND coalesce(f.valid_from, f.recorded_from) > %(recent_since)s
-    ORDER BY f.embedding <=> %(vector)s LIMIT %(recent_k)s
-),
 newest AS (
-    SELECT f.id, coalesce(f.valid_from, f.recorded_from) AS since,
+    SELECT f.id, f.since_epoch,
         %(w_similarity)s * (1 - (f.embedding <=> %(vector)s)) + %(w_recency)s * {recency}
             AS partial_score
     FROM facts f WHERE {visible}
@@ -121,6 +147,10 @@ newest AS (
 ),
 by_newest AS (
     SELECT id, partial_score FROM newest ORDER BY partial_score DESC LIMIT %(newest_k)s
+),
+by_vector AS (
+    SELECT f.id, f.embedding <=> %(vector)s AS distance FROM facts f WHERE {visible}
+    ORDER BY f.embedding <=> %(vector)s LIMIT %(top_k)s
 ),
 by_text AS (
     SELECT id, least(1.0, raw_rank / %(text_rank_full)s) AS rank FROM (
@@ -130,37 +160,25 @@ by_text AS (
     ) matches
 ),
 bounds AS (
-    SELECT (SELECT count(*) FROM by_vector) AS vector_rows,
-           (SELECT max(distance) FROM by_vector) AS vector_max_distance,
-           (SELECT count(*) FROM by_recent_vector) AS recent_rows,
-           (SELECT max(distance) FROM by_recent_vector) AS recent_max_distance,
-           (SELECT count(*) FROM newest) AS window_rows,
-           (SELECT min(since) FROM newest) AS window_oldest,
+    SELECT (SELECT count(*) FROM newest) AS window_rows,
+           (SELECT min(since_epoch) FROM newest) AS window_oldest,
            (SELECT count(*) FROM by_newest) AS newest_rows,
            (SELECT min(partial_score) FROM by_newest) AS newest_min_partial,
+           (SELECT count(*) FROM by_vector) AS vector_rows,
+           (SELECT max(distance) FROM by_vector) AS vector_max_distance,
            (SELECT count(*) FROM by_text) AS text_rows,
            (SELECT min(rank) FROM by_text) AS text_min_rank
 ),
 pool AS (
     SELECT id, max(rank) AS text_rank FROM (
-        SELECT id, NULL::float8 AS rank FROM by_vector
-        UNION ALL SELECT id, NULL FROM by_recent_vector
-        UNION ALL SELECT id, NULL FROM by_newest
+        SELECT id, NULL::float8 AS rank FROM by_newest
+        UNION ALL SELECT id, NULL FROM by_vector
         UNION ALL SELECT id, rank FROM by_text
     ) sources GROUP BY id
 ),
-scored AS (
-    SELECT {pooled_columns} FROM facts f JOIN pool USING (id), q
-)
+scored AS (SELECT {pooled_columns} FROM facts f JOIN pool USING (id), q)
 SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds
 ORDER BY score DESC, id LIMIT %(candidate_limit)s
-"""
-
-# The exact reference: the hybrid score of every visible fact (benchmarks and small scopes).
-_EXACT_SQL = """
-WITH q AS ({text_query}),
-scored AS (SELECT {columns} FROM facts f, q WHERE {visible})
-SELECT *, {score} AS score FROM scored ORDER BY score DESC, id LIMIT %(candidate_limit)s
 """
 
 # Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
@@ -189,7 +207,7 @@ SELECT scored.*, {score} AS score FROM scored ORDER BY score DESC, id
 _EPISODES_SQL = """
 SELECT e.id, e.kind, e.occurred_at, e.text,
        1 - (e.embedding <=> %(vector)s) AS similarity,
-       exp(-greatest(date_part('epoch', %(at)s - e.occurred_at), 0) / %(tau_seconds)s) AS recency
+       exp(least(satchel_epoch(e.occurred_at) - %(at_epoch)s, 0.0) / %(tau_seconds)s) AS recency
 FROM events e
 WHERE e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
   AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
@@ -197,24 +215,25 @@ ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
 """
 
 
-def _render(template: str, historical: bool) -> str:
-    visible = _FACTS_AS_OF if historical else _CURRENT_FACTS
-    return template.format(
-        visible=visible,
-        recency=_RECENCY,
-        columns=_SCORED_COLUMNS.format(text_rank=_SCORED_TEXT_RANK),
-        pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
-        score=_SCORE,
-        text_query=_TEXT_QUERY,
-        text_rank=_TEXT_RANK,
+def _render(template: str) -> tuple[str, str]:
+    """The (now, as_of) variants of a statement."""
+    return tuple(  # type: ignore[return-value]
+        template.format(
+            visible=visible,
+            recency=_RECENCY,
+            columns=_SCORED_COLUMNS.format(text_rank=_SCORED_TEXT_RANK),
+            pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
+            score=_SCORE,
+            text_query=_TEXT_QUERY,
+            scored_text_rank=_SCORED_TEXT_RANK,
+        )
+        for visible in (_CURRENT_FACTS, _FACTS_AS_OF)
     )
 
 
-# (now, as_of) variants of each statement, rendered once.
-CANDIDATES_SQL = (_render(_CANDIDATES_SQL, False), _render(_CANDIDATES_SQL, True))
-EXACT_SQL = (_render(_EXACT_SQL, False), _render(_EXACT_SQL, True))
-MULTI_HOP_SQL = (_render(_MULTI_HOP_SQL, False), _render(_MULTI_HOP_SQL, True))
-SEARCHED_TERMS_SQL = (_render(_SEARCHED_TERMS_SQL, False), _render(_SEARCHED_TERMS_SQL, True))
+EXACT_SQL = _render(_EXACT_SQL)
+CANDIDATES_SQL = _render(_CANDIDATES_SQL)
+MULTI_HOP_SQL = _render(_MULTI_HOP_SQL)
 
 
 def _scope_params(scope: Scope) -> dict[str, Any]:
@@ -222,6 +241,7 @@ def _scope_params(scope: Scope) -> dict[str, Any]:
         "project_id": scope.project_id,
         "subject_id": scope.subject_id,
         "at": scope.at,
+        "at_epoch": scope.at.timestamp(),
         "historical": scope.historical,
     }
 
@@ -235,10 +255,8 @@ def _params(
         "text_rank_full": TS_RANK_UNIT * max(1, len(terms)),
         "vector": vector,
         "top_k": cfg.retrieval_top_k,
-        "recent_k": cfg.recency_top_k,
         "newest_k": min(cfg.newest_top_k, cfg.newest_window),
         "newest_window": cfg.newest_window,
-        "recent_since": scope.at - timedelta(days=cfg.recency_window_days),
         "candidate_limit": cfg.candidate_limit,
         "episode_k": cfg.episode_top_k,
         "tau_seconds": cfg.recency_tau_days * 86400.0,
@@ -250,123 +268,112 @@ def _params(
     }
 
 
-async def searched_terms(
+async def plan_query(
     conn: AsyncConnection, scope: Scope, query: str, cfg: ContextSettings
-) -> list[str]:
-    """The query's content words that the text search uses.
+) -> QueryPlan:
+    """The query's searched words and the scope's size, in one round trip without a vector (a
+    context call runs it while the query is embedded).
 
-    A word found in more facts of the scope than `text_term_max_facts` is left out: too common
-    to rank by, and ranking all its matches would cost more than the vector search. Needs no
-    vector: a context call runs it once, while the query is embedded.
+    A word held by more facts of the scope than `text_term_max_facts` is left out: too common
+    to rank by, and ranking all its matches would cost more than the vector search.
     """
-    words = query_terms(query)
-    if not words:
-        return []
-    params = {**_scope_params(scope), "terms": words, "term_max_facts": cfg.text_term_max_facts}
-    cur = await conn.execute(SEARCHED_TERMS_SQL[scope.historical], params)
-    return [row[0] for row in await cur.fetchall()]
+    params = {
+        **_scope_params(scope),
+        "terms": query_terms(query),
+        "term_max_facts": cfg.text_term_max_facts,
+        "exact_scope_max": cfg.exact_scope_max,
+    }
+    cur = await conn.execute(_PLAN_SQL, params)
+    terms, scope_facts = await cur.fetchone()  # type: ignore[misc]
+    return QueryPlan(list(terms), int(scope_facts))
 
 
-def unseen_score_bound(row: dict[str, Any], params: dict[str, Any]) -> float:
-    """The highest hybrid score a fact outside the union could have (-inf: none is left out).
-
-    The newest facts (the window) were all scored on cosine + recency: an unseen one scores at
-    most the lowest partial score kept from them. An older unseen fact is either inside the
-    recency window (cosine at most the K-th nearest of the window) or older (cosine at most the
-    K-th nearest overall, recency at most that of the window's edge), its recency at most that
-    of the oldest fact of the newest window. A source that returned fewer rows than asked
-    returned every fact it could. An unseen fact's text rank is at most the K-th best rank, or
-    0 when the text source returned every match.
-    """
-    if row["vector_rows"] < params["top_k"]:
-        return float("-inf")  # the vector source returned every visible fact
-    rank = float(row["text_min_rank"]) if row["text_rows"] >= params["top_k"] else 0.0
-    base = params["w_text_rank"] * rank
-
-    def recency(since: datetime) -> float:
-        age = (params["at"] - since).total_seconds()
-        return math.exp(-max(age, 0.0) / params["tau_seconds"])
-
-    bounds = []
-    edge = 1.0  # the recency of the newest unseen fact outside the window
-    if params["newest_k"]:
-        if row["newest_rows"] >= params["newest_k"]:
-            bounds.append(base + float(row["newest_min_partial"]))
-        if row["window_rows"] < params["newest_window"]:
-            return max(bounds, default=float("-inf"))  # the window holds every visible fact
-        edge = recency(row["window_oldest"])
-    nearest = 1.0 - float(row["vector_max_distance"])
-    if params["recent_k"] == 0:
-        bounds.append(base + params["w_similarity"] * nearest + params["w_recency"] * edge)
-    elif row["recent_rows"] >= params["recent_k"]:
-        nearest_recent = 1.0 - float(row["recent_max_distance"])
-        bounds.append(base + params["w_similarity"] * nearest_recent + params["w_recency"] * edge)
-    old = min(recency(params["recent_since"]), edge)
-    bounds.append(base + params["w_similarity"] * nearest + params["w_recency"] * old)
-    return max(bounds)
+def source_report(row: dict[str, Any], params: dict[str, Any]) -> SourceReport:
+    """The bounds that phase 1 reported on a row of the candidates statement."""
+    oldest = row["window_oldest"]
+    return SourceReport(
+        window_rows=row["window_rows"],
+        window_limit=params["newest_window"],
+        window_oldest_age_seconds=None if oldest is None else params["at_epoch"] - oldest,
+        newest_rows=row["newest_rows"],
+        newest_limit=params["newest_k"],
+        newest_min_partial=row["newest_min_partial"],
+        vector_rows=row["vector_rows"],
+        vector_limit=params["top_k"],
+        vector_max_distance=row["vector_max_distance"],
+        text_rows=row["text_rows"],
+        text_limit=params["top_k"],
+        text_min_rank=row["text_min_rank"],
+    )
 
 
-def is_exact(rows: list[dict[str, Any]], params: dict[str, Any], top_n: int) -> bool:
-    """True when no fact outside the union can enter the top `top_n` (threshold algorithm)."""
-    if not rows:
-        return True
-    bound = unseen_score_bound(rows[0], params)
-    if bound == float("-inf") or top_n == 0:
-        return True
-    return len(rows) >= top_n and rows[top_n - 1]["score"] >= bound
+def weights_of(cfg: ContextSettings) -> Weights:
+    return Weights(
+        similarity=cfg.weight_similarity,
+        text_rank=cfg.weight_text_rank,
+        recency=cfg.weight_recency,
+        tau_seconds=cfg.recency_tau_days * 86400.0,
+    )
 
 
 async def fetch_fact_candidates(
     conn: AsyncConnection,
     scope: Scope,
-    query: str,
     vector: np.ndarray,
     cfg: ContextSettings,
+    plan: QueryPlan,
     *,
     exact: bool = False,
-    terms: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Scored fact candidates, best first.
+    """Scored fact candidates, best first (at most `candidate_limit`).
 
-    Two-phase by default: if the bounds of phase 1 show that an unseen fact could still enter
-    the top `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run
-    again. `exact` scores every visible fact instead (the reference ranking). `terms` are the
-    query's `searched_terms` when the caller has them already.
+    Exact for a scope of at most `exact_scope_max` active facts, or when asked (the reference
+    ranking).
+    Otherwise two-phase: while a fact phase 1 left out could still enter the top `exact_top_n`,
+    phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a scope where HNSW
+    cannot find K facts at K max is scored exactly.
     """
-    if terms is None:
-        terms = await searched_terms(conn, scope, query, cfg)
-    params = _params(scope, vector, cfg, terms)
+    params = _params(scope, vector, cfg, plan.terms)
+    variant = int(scope.historical)
     cur = conn.cursor(row_factory=dict_row)
-    if exact:
-        await cur.execute(EXACT_SQL[scope.historical], params)
+    if exact or plan.scope_facts <= cfg.exact_scope_max:
+        await cur.execute(EXACT_SQL[variant], params)
         return await cur.fetchall()
+    top_n = min(cfg.exact_top_n, cfg.candidate_limit)
     while True:
-        await cur.execute(CANDIDATES_SQL[scope.historical], params)
+        await cur.execute(CANDIDATES_SQL[variant], params)
         rows = await cur.fetchall()
-        if params["top_k"] >= cfg.retrieval_top_k_max or is_exact(rows, params, cfg.exact_top_n):
+        if not rows:
+            return rows
+        report = source_report(rows[0], params)
+        bound = unseen_score_bound(report, weights_of(cfg))
+        if holds_top([float(r["score"]) for r in rows], bound, top_n):
+            return rows
+        if params["top_k"] >= cfg.retrieval_top_k_max:
+            if report.vector_rows is not None and report.vector_rows < params["top_k"]:
+                # HNSW cannot reach enough of this scope's facts: score every one of them.
+                await cur.execute(EXACT_SQL[variant], params)
+                return await cur.fetchall()
             return rows
         params["top_k"] = min(params["top_k"] * 4, cfg.retrieval_top_k_max)
-        params["recent_k"] = min(params["recent_k"] * 4, cfg.retrieval_top_k_max)
+        params["newest_k"] = min(params["newest_k"] * 4, params["newest_window"])
 
 
 async def fetch_multi_hop(
     conn: AsyncConnection,
     scope: Scope,
-    query: str,
     vector: np.ndarray,
     cfg: ContextSettings,
+    plan: QueryPlan,
     entities: Sequence[str],
     exclude_ids: Sequence[str],
-    terms: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Facts sharing an entity with the retained ones (no new embedding), best first."""
-    if terms is None:
-        terms = await searched_terms(conn, scope, query, cfg)
-    params = _params(scope, vector, cfg, terms)
+    params = _params(scope, vector, cfg, plan.terms)
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(MULTI_HOP_SQL[scope.historical], params)
+    await cur.execute(MULTI_HOP_SQL[int(scope.historical)], params)
     return await cur.fetchall()
 
 

@@ -315,6 +315,28 @@ async def insert_facts(
         return await _returned_rows(cur, len(params))
 
 
+COUNT_FACT_TERMS_SQL = """
+INSERT INTO fact_term_counts AS c (project_id, subject_id, term, facts)
+SELECT f.project_id, f.subject_id, t.term, count(*)
+FROM facts f CROSS JOIN unnest(tsvector_to_array(f.search_vector)) AS t(term)
+WHERE f.id = ANY(%s::uuid[])
+GROUP BY f.project_id, f.subject_id, t.term
+ORDER BY f.project_id, f.subject_id, t.term
+ON CONFLICT (project_id, subject_id, term) DO UPDATE SET facts = c.facts + excluded.facts
+"""
+
+
+async def count_fact_terms(conn: AsyncConnection, fact_ids: Sequence[uuid.UUID]) -> None:
+    """Add new facts' words to their scopes' word counts (what the text search reads).
+
+    Run it as the last statement of the transaction that inserted them: the count rows of a
+    scope's common words are locked until commit, in key order, so writers queue but never
+    deadlock.
+    """
+    if fact_ids:
+        await conn.execute(COUNT_FACT_TERMS_SQL, (list(fact_ids),))
+
+
 async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -> FactRow | None:
     """One fact of a project (None when unknown there)."""
     cur = conn.cursor(row_factory=class_row(FactRow))
