@@ -96,6 +96,49 @@ async def test_adaptive_two_phase_matches_the_exact_top_10(
     assert misses_when_fixed > 0, "the scope is large enough for K=8 alone to miss"
 
 
+async def test_a_scope_hnsw_cannot_reach_is_scored_exactly(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    rng = random.Random(5)
+    requests = [
+        fact_request(project_id, statement=f"{rng.choice(PEOPLE)} {rng.choice(HOBBIES)}")
+        for _ in range(40)
+    ]
+    await memory_stub(channel).BatchAssertFacts(
+        memory_pb2.BatchAssertFactsRequest(requests=requests)
+    )
+    runtime = server.runtime.value
+    cfg = replace(
+        runtime.settings.context,
+        exact_scope_max=8,
+        newest_window=8,
+        newest_top_k=4,
+        retrieval_top_k=8,
+        retrieval_top_k_max=32,
+    )
+    scope = store.Scope(project_id, "user-1", datetime.now(UTC), historical=False)
+    query = "Who grows tomatoes?"
+    vector = await runtime.embed_query(query)
+    async with runtime.pool.connection() as conn:
+        plan = await store.plan_query(conn, scope, query, cfg)
+        exact = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan, exact=True)
+        # The HNSW scan (the planner's choice on a large table; sorting is the small test
+        # table's) gives up after a handful of tuples, as it does for a scope that is a tiny
+        # share of a large table: the vector source comes back short at every K, which bounds
+        # nothing, so the scope is scored fact by fact.
+        await conn.execute("SET enable_sort = off")
+        await conn.execute("SET hnsw.ef_search = 1")
+        await conn.execute("SET hnsw.max_scan_tuples = 5")
+        try:
+            rows = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
+        finally:
+            await conn.execute("RESET hnsw.max_scan_tuples")
+            await conn.execute(f"SET hnsw.ef_search = {runtime.settings.hnsw_ef_search}")
+            await conn.execute("RESET enable_sort")
+    assert "window_rows" not in rows[0], "the exact statement served it"
+    assert [r["id"] for r in rows] == [r["id"] for r in exact]
+
+
 async def test_searched_words_leave_out_words_too_common_in_the_scope(
     channel: grpc.aio.Channel, project_id: str, server
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import psycopg
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from memory_helpers import (
     event_request,
@@ -779,6 +780,33 @@ async def test_concurrent_batches_sharing_keys_do_not_deadlock(
     ids = [sorted(e.id for e in r.events) for r in replies]
     assert all(i == ids[0] for i in ids)
     assert (await row_counts(pg_dsn, project_id))["events"] == 10
+
+
+async def test_concurrent_fact_batches_count_shared_words_without_deadlock(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str
+) -> None:
+    api = stub(channel)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"]
+    statements = [f"{a} {b} note" for a in words for b in words if a != b]
+    calls = [
+        api.BatchAssertFacts(
+            memory_pb2.BatchAssertFactsRequest(
+                requests=[
+                    fact_request(project_id, statement=s)
+                    for s in (statements if i % 2 else statements[::-1])[i::4]
+                ]
+            )
+        )
+        for i in range(4)
+    ]
+    await asyncio.gather(*calls)
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        cur = await conn.execute(
+            "SELECT term, facts FROM fact_term_counts WHERE project_id = %s", (project_id,)
+        )
+        counts = dict(await cur.fetchall())
+    # Each word is the first word of 5 statements and the second of 5 others.
+    assert counts == {**{w: 10 for w in words}, "note": len(statements)}
 
 
 async def test_fact_value_numbers_and_payload_round_trip(
