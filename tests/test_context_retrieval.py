@@ -200,9 +200,8 @@ def test_unseen_score_bound_reads_each_source() -> None:
     whole_scope = replace(report, window_rows=40, newest_rows=3)
     assert unseen_score_bound(whole_scope, weights) == float("-inf")
     assert unseen_score_bound(replace(whole_scope, newest_rows=4), weights) == 0.2
-    # A vector source that came back short (HNSW's scan limit) or did not run gives no bound.
+    # A vector source that came back short (HNSW's scan limit) gives no bound.
     assert unseen_score_bound(replace(report, vector_rows=3), weights) == float("inf")
-    assert unseen_score_bound(replace(report, vector_rows=None), weights) == float("inf")
     # A full text source: an unseen fact may rank up to its K-th rank.
     full_text = replace(report, text_rows=4, text_min_rank=0.2)
     assert abs(unseen_score_bound(full_text, weights) - (older + 0.25 * 0.2)) < 1e-9

@@ -33,8 +33,8 @@ class SourceReport:
 
     `window_*`: the newest facts read (at most `window_limit`; the oldest one's age) and the best
     of them kept (at most `newest_limit`, the lowest kept partial score: cosine + recency).
-    `vector_*`: the nearest facts (at most `vector_limit`, the largest cosine distance), None
-    when the source did not run. `text_*`: the best matches (at most `text_limit`, the lowest
+    `vector_*`: the nearest facts (at most `vector_limit`, the largest cosine distance).
+    `text_*`: the best matches (at most `text_limit`, the lowest
     rank, capped at 1).
     """
 
@@ -44,7 +44,7 @@ class SourceReport:
     newest_rows: int
     newest_limit: int
     newest_min_partial: float | None
-    vector_rows: int | None
+    vector_rows: int
     vector_limit: int
     vector_max_distance: float | None
     text_rows: int
@@ -70,11 +70,7 @@ def unseen_score_bound(report: SourceReport, weights: Weights) -> float:
         bounds.append(base + (report.newest_min_partial or 0.0))
     if report.window_rows < report.window_limit:
         return max(bounds)  # the window held every visible fact
-    if (
-        report.vector_rows is None
-        or report.vector_rows < report.vector_limit
-        or report.vector_max_distance is None
-    ):
+    if report.vector_rows < report.vector_limit or report.vector_max_distance is None:
         return float("inf")
     nearest = 1.0 - report.vector_max_distance
     edge = (

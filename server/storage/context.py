@@ -1,13 +1,13 @@
 """SQL of context assembly: candidate retrieval, multi-hop, episodes, traces and stats.
 
 A scope that holds at most `exact_scope_max` active facts is scored exactly: every fact, in
-one statement. A larger one is retrieved in two phases, also in one statement. Phase 1 gathers ids
-from three sources: the newest facts of the scope (each scored on cosine + recency, the best
-kept), the K nearest facts by cosine (HNSW) and the K best full-text matches (GIN). Phase 2
-computes the hybrid score of their union only, reading just the columns packing needs; phase 1
-is widened while a fact it left out could still enter the top (`domain.retrieval`). The same
-filters serve "now" (status = active, still valid) and point-in-time calls (`as_of`: valid
-then, as recorded then).
+one statement. A larger one is retrieved in two phases, also in one statement. Phase 1
+gathers ids from three sources: the newest facts of the scope (each scored on cosine +
+recency, the best kept), the K nearest facts by cosine (HNSW) and the K best full-text matches
+(GIN). Phase 2 computes the hybrid score of their union only, reading just the columns packing
+needs; phase 1 is widened while a fact it left out could still enter the top
+(`domain.retrieval`). The same filters serve "now" (status = active, still valid) and
+point-in-time calls (`as_of`: valid then, as recorded then).
 """
 
 from __future__ import annotations
@@ -308,6 +308,7 @@ def source_report(row: dict[str, Any], params: dict[str, Any]) -> SourceReport:
 
 
 def weights_of(cfg: ContextSettings) -> Weights:
+    """The hybrid score's weights as configured."""
     return Weights(
         similarity=cfg.weight_similarity,
         text_rank=cfg.weight_text_rank,
@@ -328,10 +329,9 @@ async def fetch_fact_candidates(
     """Scored fact candidates, best first (at most `candidate_limit`).
 
     Exact for a scope of at most `exact_scope_max` active facts, or when asked (the reference
-    ranking).
-    Otherwise two-phase: while a fact phase 1 left out could still enter the top `exact_top_n`,
-    phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a scope where HNSW
-    cannot find K facts at K max is scored exactly.
+    ranking). Otherwise two-phase: while a fact phase 1 left out could still enter the top
+    `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a
+    scope where HNSW cannot find K facts at K max is scored exactly.
     """
     params = _params(scope, vector, cfg, plan.terms)
     variant = int(scope.historical)
@@ -350,7 +350,7 @@ async def fetch_fact_candidates(
         if holds_top([float(r["score"]) for r in rows], bound, top_n):
             return rows
         if params["top_k"] >= cfg.retrieval_top_k_max:
-            if report.vector_rows is not None and report.vector_rows < params["top_k"]:
+            if report.vector_rows < params["top_k"]:
                 # HNSW cannot reach enough of this scope's facts: score every one of them.
                 await cur.execute(EXACT_SQL[variant], params)
                 return await cur.fetchall()
