@@ -142,7 +142,7 @@ def _trace_row(decision: Decision) -> tuple[Any, ...]:
     c = decision.candidate
     return (
         decision.sequence,
-        uuid.UUID(c.id),
+        c.id,
         c.kind,
         decision.outcome,
         decision.reason_code,

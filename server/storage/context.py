@@ -12,6 +12,7 @@ point-in-time calls (`as_of`: valid then, as recorded then).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -439,22 +440,26 @@ WITH call AS (
     RETURNING trace_id
 )
 INSERT INTO context_traces ({", ".join(TRACE_COLUMNS)})
-SELECT call.trace_id, d.* FROM call, unnest(
-    %(sequence)s::int[], %(candidate_id)s::uuid[], %(candidate_kind)s::text[],
-    %(outcome)s::text[], %(reason_code)s::text[], %(score)s::float8[], %(similarity)s::float8[],
-    %(text_rank)s::float8[], %(recency)s::float8[], %(tokens)s::int[], %(budget_used)s::int[],
-    %(preview)s::text[]
-) AS d
+SELECT call.trace_id, d.* FROM call, json_to_recordset(%(decisions)s::json) AS d(
+    sequence int, candidate_id uuid, candidate_kind text, outcome text, reason_code text,
+    score float8, similarity float8, text_rank float8, recency float8, tokens int,
+    budget_used int, preview text
+)
 """
 
 
 async def save_trace(
     conn: AsyncConnection, call: CallRecord, decision_rows: Sequence[Sequence[Any]]
 ) -> None:
-    """Persist a call and all its decisions in one statement (one round trip)."""
+    """Persist a call and all its decisions in one statement (one round trip).
+
+    Each decision row holds the values of `TRACE_COLUMNS[1:]`, in order, ids as strings. The
+    decisions travel as one JSON array: adapting a dozen typed arrays instead took ~1.5 ms of
+    the event loop per call.
+    """
     params: dict[str, Any] = dict(call.__dict__)
-    columns = list(zip(*decision_rows, strict=True)) if decision_rows else [()] * 12
-    params.update(zip(TRACE_COLUMNS[1:], (list(c) for c in columns), strict=True))
+    names = TRACE_COLUMNS[1:]
+    params["decisions"] = json.dumps([dict(zip(names, row, strict=True)) for row in decision_rows])
     await conn.execute(_SAVE_TRACE_SQL, params)
 
 
