@@ -177,9 +177,14 @@ pool AS (
         UNION ALL SELECT id, rank FROM by_text
     ) sources GROUP BY id
 ),
-scored AS (SELECT {pooled_columns} FROM facts f JOIN pool USING (id), q)
-SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds
-ORDER BY score DESC, id LIMIT %(candidate_limit)s
+best AS (
+    SELECT f.id, pool.text_rank FROM facts f JOIN pool USING (id), q
+    ORDER BY %(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
+        + %(w_text_rank)s * {pooled_text_rank} + %(w_recency)s * {recency} DESC, f.id
+    LIMIT %(candidate_limit)s
+),
+scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
+SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds ORDER BY score DESC, id
 """
 
 # Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
@@ -227,6 +232,7 @@ def _render(template: str) -> tuple[str, str]:
             score=_SCORE,
             text_query=_TEXT_QUERY,
             scored_text_rank=_SCORED_TEXT_RANK,
+            pooled_text_rank=_POOLED_TEXT_RANK,
         )
         for visible in (_CURRENT_FACTS, _FACTS_AS_OF)
     )
@@ -341,8 +347,11 @@ async def fetch_fact_candidates(
         await cur.execute(EXACT_SQL[variant], params)
         return await cur.fetchall()
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
+    # Planning this statement for each call's values cost about 2 ms, and its plan does not
+    # depend on them: plan it once per connection (benchmarks/context.md).
+    await cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     while True:
-        await cur.execute(CANDIDATES_SQL[variant], params)
+        await cur.execute(CANDIDATES_SQL[variant], params, prepare=True)
         rows = await cur.fetchall()
         if not rows:
             return rows
