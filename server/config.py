@@ -43,7 +43,7 @@ class ContextSettings:
     exact_scope_max: int = 10_000
     # Two-phase: the newest facts of the scope are all scored on cosine and recency; the best
     # of them go to phase 2 (an exact source where recency weighs most).
-    newest_window: int = 4096
+    newest_window: int = 3584
     newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
     # A query word found in more facts of the scope than this is too common to rank by.
