@@ -95,6 +95,9 @@ _POOLED_TEXT_RANK = f"coalesce(pool.text_rank, {_SCORED_TEXT_RANK})"
 _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
 """
+# The same score straight from a fact `f`, to rank many facts before reading their columns.
+_FACT_SCORE = f"""%(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
+        + %(w_text_rank)s * {{text_rank}} + %(w_recency)s * {_RECENCY}"""
 
 # Before the query is embedded: the content words of the query held by at most
 # `term_max_facts` facts of the scope (as counted on write: migration 0007), in query order,
@@ -123,9 +126,7 @@ _EXACT_SQL = """
 WITH q AS ({text_query}),
 best AS (
     SELECT f.id FROM facts f, q WHERE {visible}
-    ORDER BY %(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
-        + %(w_text_rank)s * {scored_text_rank} + %(w_recency)s * {recency} DESC, f.id
-    LIMIT %(candidate_limit)s
+    ORDER BY {scored_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {columns} FROM facts f JOIN best USING (id), q)
 SELECT *, {score} AS score FROM scored ORDER BY score DESC, id
@@ -179,9 +180,7 @@ pool AS (
 ),
 best AS (
     SELECT f.id, pool.text_rank FROM facts f JOIN pool USING (id), q
-    ORDER BY %(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
-        + %(w_text_rank)s * {pooled_text_rank} + %(w_recency)s * {recency} DESC, f.id
-    LIMIT %(candidate_limit)s
+    ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
 SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds ORDER BY score DESC, id
@@ -231,8 +230,8 @@ def _render(template: str) -> tuple[str, str]:
             pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
             score=_SCORE,
             text_query=_TEXT_QUERY,
-            scored_text_rank=_SCORED_TEXT_RANK,
-            pooled_text_rank=_POOLED_TEXT_RANK,
+            scored_fact_score=_FACT_SCORE.format(text_rank=_SCORED_TEXT_RANK),
+            pooled_fact_score=_FACT_SCORE.format(text_rank=_POOLED_TEXT_RANK),
         )
         for visible in (_CURRENT_FACTS, _FACTS_AS_OF)
     )
