@@ -36,22 +36,28 @@ def _ts(moment: datetime) -> timestamp_pb2.Timestamp:
     return stamp
 
 
+async def _assert_hobbies(channel: grpc.aio.Channel, requests: list) -> None:
+    await memory_stub(channel).BatchAssertFacts(
+        memory_pb2.BatchAssertFactsRequest(requests=requests)
+    )
+
+
 async def test_adaptive_two_phase_matches_the_exact_top_10(
     channel: grpc.aio.Channel, project_id: str, server
 ) -> None:
     rng = random.Random(3)
     now = datetime.now(UTC)
-    requests = [
-        fact_request(
-            project_id,
-            predicate="hobby",
-            statement=f"{rng.choice(PEOPLE)} {rng.choice(HOBBIES)} every week",
-            valid_from=_ts(now - timedelta(days=rng.uniform(0, 200))),
-        )
-        for _ in range(150)
-    ]
-    await memory_stub(channel).BatchAssertFacts(
-        memory_pb2.BatchAssertFactsRequest(requests=requests)
+    await _assert_hobbies(
+        channel,
+        [
+            fact_request(
+                project_id,
+                predicate="hobby",
+                statement=f"{rng.choice(PEOPLE)} {rng.choice(HOBBIES)} every week",
+                valid_from=_ts(now - timedelta(days=rng.uniform(0, 200))),
+            )
+            for _ in range(150)
+        ],
     )
     runtime = server.runtime.value
     # Two phases for a scope of more than 16 facts, a window of 16 newest facts.
@@ -100,12 +106,12 @@ async def test_a_scope_hnsw_cannot_reach_is_scored_exactly(
     channel: grpc.aio.Channel, project_id: str, server
 ) -> None:
     rng = random.Random(5)
-    requests = [
-        fact_request(project_id, statement=f"{rng.choice(PEOPLE)} {rng.choice(HOBBIES)}")
-        for _ in range(40)
-    ]
-    await memory_stub(channel).BatchAssertFacts(
-        memory_pb2.BatchAssertFactsRequest(requests=requests)
+    await _assert_hobbies(
+        channel,
+        [
+            fact_request(project_id, statement=f"{rng.choice(PEOPLE)} {rng.choice(HOBBIES)}")
+            for _ in range(40)
+        ],
     )
     runtime = server.runtime.value
     cfg = replace(
