@@ -32,6 +32,7 @@ from satchel.server.domain.packing import (
 from satchel.server.domain.rendering import excerpt
 from satchel.server.runtime import Runtime
 from satchel.server.storage import context as store
+from satchel.server.storage.pool import autocommit
 
 EPISODE_EXCERPT_CHARS = 600
 PREVIEW_CHARS = 160
@@ -173,7 +174,7 @@ async def assemble(
 
     async def fetch(query: Any, *args: Any, **kwargs: Any) -> Any:
         # A connection per query: none is held while decisions are streamed to the client.
-        async with pool.connection() as conn:
+        async with autocommit(pool) as conn:
             return await query(conn, *args, **kwargs)
 
     # The searched words and the scope's size need no vector: looked up while embedding.
@@ -249,7 +250,6 @@ async def assemble(
         pack_ms=timer.spans.get("pack", 0.0),
         total_ms=timer.total_ms(),
     )
-    async with pool.connection() as conn:
-        await store.save_trace(conn, call, [_trace_row(d) for d in packer.decisions])
+    await fetch(store.save_trace, call, [_trace_row(d) for d in packer.decisions])
     runtime.telemetry.observe_call(call)
     yield packet

@@ -28,8 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -50,6 +49,7 @@ from satchel.server.domain.talent_selection import (
 )
 from satchel.server.runtime import Runtime
 from satchel.server.storage import talents as storage
+from satchel.server.storage.pool import autocommit
 from satchel.server.storage.talents import TalentRecord, TalentRef
 
 # Calibrated (floor, beta, margin) per embedding model, matched as a substring of the model id
@@ -395,7 +395,7 @@ class TalentService:
             else None
         )
         try:
-            async with self._reading() as conn:
+            async with autocommit(self.runtime.pool) as conn:
                 snapshot = await self._snapshot(conn, project_id)
                 candidates = snapshot.candidates(role)
                 wants_vectors = task_embedding is not None or cached_task is not None
@@ -420,16 +420,6 @@ class TalentService:
             graph=snapshot.graph,
             servable=snapshot.servable,
         )
-
-    @asynccontextmanager
-    async def _reading(self) -> AsyncIterator[AsyncConnection]:
-        """A pooled connection in autocommit: single statements, no BEGIN/COMMIT round trips."""
-        async with self.runtime.pool.connection() as conn:
-            await conn.set_autocommit(True)
-            try:
-                yield conn
-            finally:
-                await conn.set_autocommit(False)
 
     async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:
         """The project's active talents, re-read only when their version changed."""

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 
 from satchel.server.config import ConfigError
 from satchel.server.storage.migrations import (
@@ -168,3 +169,33 @@ def test_a_postgres_command_that_fails_or_keeps_dying_is_reported() -> None:
     with pytest.raises(subprocess.CalledProcessError) as killed:
         retry_signal_deaths(lambda: failing(-6))
     assert killed.value.returncode == -6 and len(calls) == SIGNAL_ATTEMPTS
+
+
+async def test_autocommit_reads_leave_pooled_connections_transactional(pg_dsn: str) -> None:
+    from satchel.server.storage.pool import autocommit, create_pool
+
+    pool = create_pool(pg_dsn, min_size=1, max_size=1, ef_search=40)
+    await pool.open(wait=True)
+    try:
+        async with autocommit(pool) as conn:
+            await conn.execute("SELECT 1")
+            # each statement is its own transaction: nothing is left open for a COMMIT
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+        async with pool.connection() as conn:
+            assert not conn.autocommit  # the next user still gets implicit transactions
+            await conn.execute("SELECT 1")
+            assert conn.info.transaction_status == TransactionStatus.INTRANS
+
+        # A connection lost mid-read: the caller sees the database's own error (not a second
+        # one from resetting autocommit), and the pool hands out a working connection next.
+        with pytest.raises(psycopg.errors.AdminShutdown):
+            async with autocommit(pool) as conn:
+                pid = conn.info.backend_pid
+                with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                await conn.execute("SELECT 1")
+        async with pool.connection() as conn:
+            assert not conn.autocommit
+            assert (await (await conn.execute("SELECT 2")).fetchone()) == (2,)
+    finally:
+        await pool.close()

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
@@ -345,10 +345,18 @@ async def fetch_fact_candidates(
     if exact or plan.scope_facts <= cfg.exact_scope_max:
         await cur.execute(EXACT_SQL[variant], params)
         return await cur.fetchall()
+    async with conn.transaction():
+        # Planning this statement for each call's values cost about 2 ms, and its plan does
+        # not depend on them: plan it once per connection (benchmarks/context.md).
+        await cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        return await _two_phase(cur, params, cfg, variant)
+
+
+async def _two_phase(
+    cur: AsyncCursor[dict[str, Any]], params: dict[str, Any], cfg: ContextSettings, variant: int
+) -> list[dict[str, Any]]:
+    """Phase 1 widened until it holds the top (see `fetch_fact_candidates`), then phase 2."""
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
-    # Planning this statement for each call's values cost about 2 ms, and its plan does not
-    # depend on them: plan it once per connection (benchmarks/context.md).
-    await cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     while True:
         await cur.execute(CANDIDATES_SQL[variant], params, prepare=True)
         rows = await cur.fetchall()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 
@@ -52,3 +56,22 @@ def create_pool(
             "keepalives_count": 3,
         },
     )
+
+
+@asynccontextmanager
+async def autocommit(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection]:
+    """A pooled connection in autocommit mode, for work made of single statements.
+
+    Outside autocommit, psycopg opens each transaction with a BEGIN of its own and the pool's
+    context closes it with a COMMIT: two round trips more per statement. Each statement here is
+    its own transaction; `conn.transaction()` still groups several.
+    """
+    async with pool.connection() as conn:
+        await conn.set_autocommit(True)
+        try:
+            yield conn
+        finally:
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                await conn.set_autocommit(False)
+            else:  # lost or cut short: resetting it would raise over the real error
+                await conn.close()
