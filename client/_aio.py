@@ -257,24 +257,30 @@ class AsyncSatchelClient:
         project_id: str,
         subject_id: str,
         *,
+        as_of: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListEventsResponse:
         """One page of the events of a scope, newest first."""
-        request = memory_pb2.ListEventsRequest(
-            project_id=project_id, subject_id=subject_id, page_size=page_size, page_token=page_token
+        request = rq.list_events(
+            project_id, subject_id, as_of=as_of, page_size=page_size, page_token=page_token
         )
         return await self._unary(self._memory, MEMORY, "ListEvents", request, timeout)
 
     async def iter_events(
-        self, project_id: str, subject_id: str, *, page_size: int = 0
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        as_of: datetime | None = None,
+        page_size: int = 0,
     ) -> AsyncIterator[memory_pb2.Event]:
         """Every event of a scope, newest first, page after page."""
         token = ""
         while True:
             page = await self.list_events(
-                project_id, subject_id, page_size=page_size, page_token=token
+                project_id, subject_id, as_of=as_of, page_size=page_size, page_token=token
             )
             for item in page.events:
                 yield item

@@ -180,6 +180,24 @@ def list_facts(
     )
 
 
+def list_events(
+    project_id: str,
+    subject_id: str,
+    *,
+    as_of: datetime | None = None,
+    page_size: int = 0,
+    page_token: str = "",
+) -> memory_pb2.ListEventsRequest:
+    """A ListEventsRequest (`page_size` 0: the server's default)."""
+    return memory_pb2.ListEventsRequest(
+        project_id=project_id,
+        subject_id=subject_id,
+        as_of=timestamp(as_of),
+        page_size=page_size,
+        page_token=page_token,
+    )
+
+
 # --- TalentService --------------------------------------------------------------------------
 
 

@@ -423,6 +423,7 @@ async def list_events(
     project_id: str,
     subject_id: str,
     recorded_by: datetime | None,
+    occurred_by: datetime | None,
     before: tuple[datetime, uuid.UUID] | None,
     limit: int,
 ) -> tuple[list[EventRow], datetime]:
@@ -434,6 +435,7 @@ async def list_events(
             project_id=project_id,
             subject_id=subject_id,
             recorded_by=instant,
+            occurred_by=occurred_by,
             before=before,
             limit=limit,
         )

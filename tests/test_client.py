@@ -67,6 +67,9 @@ async def test_async_client_memory_context_and_talents(address: str, project_id:
         assert len(page.events) == 2 and page.next_page_token
         every = [e.id async for e in client.iter_events(project_id, SUBJECT, page_size=2)]
         assert len(every) == 4 and first.event.id in every
+        as_of_first = first.event.recorded_at.ToDatetime(tzinfo=UTC)
+        then = client.iter_events(project_id, SUBJECT, as_of=as_of_first, page_size=2)
+        assert [e.id async for e in then] == [first.event.id]
 
         # memory: facts, lifecycle, conflicts
         before = datetime.now(UTC)

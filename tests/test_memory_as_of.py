@@ -1,4 +1,5 @@
-"""ListFacts as of an instant: the facts valid then, as recorded then."""
+"""ListFacts and ListEvents as of an instant: what was valid (or had occurred) then, as
+recorded then."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 from google.protobuf import json_format, timestamp_pb2
-from memory_helpers import fact_request, stub
+from memory_helpers import event_request, fact_request, stub
 
 from satchel.v1 import memory_pb2, memory_pb2_grpc
 
@@ -197,6 +198,65 @@ async def test_as_of_pages_keep_their_instant(channel: grpc.aio.Channel, project
     request.as_of.CopyFrom(ts(at))
     try:
         await api.ListFacts(request)
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        raise AssertionError("a token used with another as_of must be refused")
+
+
+async def test_events_as_of_had_occurred_and_were_recorded_by_then(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    api = stub(channel)
+    now = datetime.now(UTC)
+
+    async def record(text: str, occurred_at: datetime) -> memory_pb2.Event:
+        request = event_request(project_id, payload={"text": text}, occurred_at=ts(occurred_at))
+        return (await api.RecordEvent(request)).event
+
+    yesterday = await record("yesterday", now - timedelta(days=1))
+    listed_at = when(yesterday.recorded_at)
+    await asyncio.sleep(0.05)
+    # Recorded after `listed_at`, although it happened two days ago; and one still to come.
+    await record("two days ago, told late", now - timedelta(days=2))
+    await record("tomorrow", now + timedelta(days=1))
+
+    async def texts(at: datetime | None, page_size: int = 0) -> list[str]:
+        request = memory_pb2.ListEventsRequest(
+            project_id=project_id, subject_id="user-1", page_size=page_size
+        )
+        if at is not None:
+            request.as_of.CopyFrom(ts(at))
+        seen: list[str] = []
+        while True:
+            page = await api.ListEvents(request)
+            seen += [json_format.MessageToDict(e.payload)["text"] for e in page.events]
+            if not page.next_page_token:
+                return seen
+            request.page_token = page.next_page_token
+
+    assert await texts(listed_at) == ["yesterday"]
+    assert await texts(listed_at - MICRO) == []
+    assert await texts(datetime.now(UTC)) == ["yesterday", "two days ago, told late"]
+    assert await texts(None) == ["tomorrow", "yesterday", "two days ago, told late"]
+    later = datetime.now(UTC)
+    assert await texts(later, page_size=1) == ["yesterday", "two days ago, told late"]
+
+    first = await api.ListEvents(
+        memory_pb2.ListEventsRequest(
+            project_id=project_id, subject_id="user-1", page_size=1, as_of=ts(later)
+        )
+    )
+    assert first.next_page_token
+    other_instant = memory_pb2.ListEventsRequest(
+        project_id=project_id,
+        subject_id="user-1",
+        page_size=1,
+        as_of=ts(later + MICRO),
+        page_token=first.next_page_token,
+    )
+    try:
+        await api.ListEvents(other_instant)
     except grpc.aio.AioRpcError as err:
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     else:

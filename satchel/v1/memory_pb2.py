@@ -27,17 +27,17 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/memory.proto\x12\nsatchel.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe3\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12(\n\x07payload\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0boccurred_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brecorded_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04text\x18\x08 \x01(\t\"\xfd\x03\n\x04\x46\x61\x63t\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x11\n\tpredicate\x18\x04 \x01(\t\x12%\n\x05value\x18\x05 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x06 \x01(\t\x12\x12\n\nconfidence\x18\x07 \x01(\x01\x12&\n\x06status\x18\x08 \x01(\x0e\x32\x16.satchel.v1.FactStatus\x12.\n\nvalid_from\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08valid_to\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rrecorded_from\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\x0c \x03(\t\x12.\n\x0bstale_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rsuperseded_by\x18\x0e \x01(\t\x12\x15\n\rstatus_reason\x18\x0f \x01(\t\x12/\n\x0brecorded_to\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x83\x02\n\x08\x43onflict\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61\x63t_ids\x18\x04 \x03(\t\x12*\n\x06status\x18\x05 \x01(\x0e\x32\x1a.satchel.v1.ConflictStatus\x12\x0c\n\x04note\x18\x06 \x01(\t\x12-\n\topened_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bresolved_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fwinning_fact_id\x18\t \x01(\t\"\xbe\x01\n\x12RecordEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"H\n\x13RecordEventResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x11.satchel.v1.Event\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"L\n\x18\x42\x61tchRecordEventsRequest\x12\x30\n\x08requests\x18\x01 \x03(\x0b\x32\x1e.satchel.v1.RecordEventRequest\">\n\x19\x42\x61tchRecordEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.satchel.v1.Event\"b\n\x11ListEventsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"P\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.satchel.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x8e\x03\n\x11\x41ssertFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x11\n\tpredicate\x18\x03 \x01(\t\x12%\n\x05value\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x05 \x01(\t\x12\x17\n\nconfidence\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12.\n\nvalid_from\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08valid_to\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\t \x03(\t\x12.\n\x0bstale_after\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x1b\n\x13supersedes_fact_ids\x18\x0c \x03(\tB\r\n\x0b_confidence\"E\n\x12\x41ssertFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"J\n\x17\x42\x61tchAssertFactsRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.satchel.v1.AssertFactRequest\";\n\x18\x42\x61tchAssertFactsResponse\x12\x1f\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x10.satchel.v1.Fact\"H\n\x11RetireFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63t_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\x12RetireFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\"Z\n\x14SupersedeFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63t_id\x18\x02 \x01(\t\x12\x1d\n\x15superseded_by_fact_id\x18\x03 \x01(\t\"7\n\x15SupersedeFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\"\xa6\x01\n\x10ListFactsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12)\n\x05\x61s_of\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10include_inactive\x18\x04 \x01(\x08\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"M\n\x11ListFactsResponse\x12\x1f\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x10.satchel.v1.Fact\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"]\n\x13OpenConflictRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x10\n\x08\x66\x61\x63t_ids\x18\x03 \x03(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\">\n\x14OpenConflictResponse\x12&\n\x08\x63onflict\x18\x01 \x01(\x0b\x32\x14.satchel.v1.Conflict\"Z\n\x16ResolveConflictRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onflict_id\x18\x02 \x01(\t\x12\x17\n\x0fwinning_fact_id\x18\x03 \x01(\t\"A\n\x17ResolveConflictResponse\x12&\n\x08\x63onflict\x18\x01 \x01(\x0b\x32\x14.satchel.v1.Conflict\"X\n\x14ListConflictsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x18\n\x10include_resolved\x18\x03 \x01(\x08\"@\n\x15ListConflictsResponse\x12\'\n\tconflicts\x18\x01 \x03(\x0b\x32\x14.satchel.v1.Conflict*v\n\nFactStatus\x12\x1b\n\x17\x46\x41\x43T_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41\x43T_STATUS_ACTIVE\x10\x01\x12\x17\n\x13\x46\x41\x43T_STATUS_RETIRED\x10\x02\x12\x1a\n\x16\x46\x41\x43T_STATUS_SUPERSEDED\x10\x03*i\n\x0e\x43onflictStatus\x12\x1f\n\x1b\x43ONFLICT_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONFLICT_STATUS_OPEN\x10\x01\x12\x1c\n\x18\x43ONFLICT_STATUS_RESOLVED\x10\x02\x32\xac\x07\n\rMemoryService\x12N\n\x0bRecordEvent\x12\x1e.satchel.v1.RecordEventRequest\x1a\x1f.satchel.v1.RecordEventResponse\x12`\n\x11\x42\x61tchRecordEvents\x12$.satchel.v1.BatchRecordEventsRequest\x1a%.satchel.v1.BatchRecordEventsResponse\x12K\n\nListEvents\x12\x1d.satchel.v1.ListEventsRequest\x1a\x1e.satchel.v1.ListEventsResponse\x12K\n\nAssertFact\x12\x1d.satchel.v1.AssertFactRequest\x1a\x1e.satchel.v1.AssertFactResponse\x12]\n\x10\x42\x61tchAssertFacts\x12#.satchel.v1.BatchAssertFactsRequest\x1a$.satchel.v1.BatchAssertFactsResponse\x12K\n\nRetireFact\x12\x1d.satchel.v1.RetireFactRequest\x1a\x1e.satchel.v1.RetireFactResponse\x12T\n\rSupersedeFact\x12 .satchel.v1.SupersedeFactRequest\x1a!.satchel.v1.SupersedeFactResponse\x12H\n\tListFacts\x12\x1c.satchel.v1.ListFactsRequest\x1a\x1d.satchel.v1.ListFactsResponse\x12Q\n\x0cOpenConflict\x12\x1f.satchel.v1.OpenConflictRequest\x1a .satchel.v1.OpenConflictResponse\x12Z\n\x0fResolveConflict\x12\".satchel.v1.ResolveConflictRequest\x1a#.satchel.v1.ResolveConflictResponse\x12T\n\rListConflicts\x12 .satchel.v1.ListConflictsRequest\x1a!.satchel.v1.ListConflictsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/memory.proto\x12\nsatchel.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe3\x01\n\x05\x45vent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12(\n\x07payload\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0boccurred_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brecorded_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04text\x18\x08 \x01(\t\"\xfd\x03\n\x04\x46\x61\x63t\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x11\n\tpredicate\x18\x04 \x01(\t\x12%\n\x05value\x18\x05 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x06 \x01(\t\x12\x12\n\nconfidence\x18\x07 \x01(\x01\x12&\n\x06status\x18\x08 \x01(\x0e\x32\x16.satchel.v1.FactStatus\x12.\n\nvalid_from\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08valid_to\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rrecorded_from\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\x0c \x03(\t\x12.\n\x0bstale_after\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rsuperseded_by\x18\x0e \x01(\t\x12\x15\n\rstatus_reason\x18\x0f \x01(\t\x12/\n\x0brecorded_to\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x83\x02\n\x08\x43onflict\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\x10\n\x08\x66\x61\x63t_ids\x18\x04 \x03(\t\x12*\n\x06status\x18\x05 \x01(\x0e\x32\x1a.satchel.v1.ConflictStatus\x12\x0c\n\x04note\x18\x06 \x01(\t\x12-\n\topened_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bresolved_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fwinning_fact_id\x18\t \x01(\t\"\xbe\x01\n\x12RecordEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12/\n\x0boccurred_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\"H\n\x13RecordEventResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x11.satchel.v1.Event\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"L\n\x18\x42\x61tchRecordEventsRequest\x12\x30\n\x08requests\x18\x01 \x03(\x0b\x32\x1e.satchel.v1.RecordEventRequest\">\n\x19\x42\x61tchRecordEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.satchel.v1.Event\"\x8d\x01\n\x11ListEventsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\x12)\n\x05\x61s_of\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.satchel.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x8e\x03\n\x11\x41ssertFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x11\n\tpredicate\x18\x03 \x01(\t\x12%\n\x05value\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x05 \x01(\t\x12\x17\n\nconfidence\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12.\n\nvalid_from\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08valid_to\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\t \x03(\t\x12.\n\x0bstale_after\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x0b \x01(\t\x12\x1b\n\x13supersedes_fact_ids\x18\x0c \x03(\tB\r\n\x0b_confidence\"E\n\x12\x41ssertFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"J\n\x17\x42\x61tchAssertFactsRequest\x12/\n\x08requests\x18\x01 \x03(\x0b\x32\x1d.satchel.v1.AssertFactRequest\";\n\x18\x42\x61tchAssertFactsResponse\x12\x1f\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x10.satchel.v1.Fact\"H\n\x11RetireFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63t_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\x12RetireFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\"Z\n\x14SupersedeFactRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x61\x63t_id\x18\x02 \x01(\t\x12\x1d\n\x15superseded_by_fact_id\x18\x03 \x01(\t\"7\n\x15SupersedeFactResponse\x12\x1e\n\x04\x66\x61\x63t\x18\x01 \x01(\x0b\x32\x10.satchel.v1.Fact\"\xa6\x01\n\x10ListFactsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12)\n\x05\x61s_of\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10include_inactive\x18\x04 \x01(\x08\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"M\n\x11ListFactsResponse\x12\x1f\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x10.satchel.v1.Fact\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"]\n\x13OpenConflictRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x10\n\x08\x66\x61\x63t_ids\x18\x03 \x03(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\">\n\x14OpenConflictResponse\x12&\n\x08\x63onflict\x18\x01 \x01(\x0b\x32\x14.satchel.v1.Conflict\"Z\n\x16ResolveConflictRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onflict_id\x18\x02 \x01(\t\x12\x17\n\x0fwinning_fact_id\x18\x03 \x01(\t\"A\n\x17ResolveConflictResponse\x12&\n\x08\x63onflict\x18\x01 \x01(\x0b\x32\x14.satchel.v1.Conflict\"X\n\x14ListConflictsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\x18\n\x10include_resolved\x18\x03 \x01(\x08\"@\n\x15ListConflictsResponse\x12\'\n\tconflicts\x18\x01 \x03(\x0b\x32\x14.satchel.v1.Conflict*v\n\nFactStatus\x12\x1b\n\x17\x46\x41\x43T_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x41\x43T_STATUS_ACTIVE\x10\x01\x12\x17\n\x13\x46\x41\x43T_STATUS_RETIRED\x10\x02\x12\x1a\n\x16\x46\x41\x43T_STATUS_SUPERSEDED\x10\x03*i\n\x0e\x43onflictStatus\x12\x1f\n\x1b\x43ONFLICT_STATUS_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43ONFLICT_STATUS_OPEN\x10\x01\x12\x1c\n\x18\x43ONFLICT_STATUS_RESOLVED\x10\x02\x32\xac\x07\n\rMemoryService\x12N\n\x0bRecordEvent\x12\x1e.satchel.v1.RecordEventRequest\x1a\x1f.satchel.v1.RecordEventResponse\x12`\n\x11\x42\x61tchRecordEvents\x12$.satchel.v1.BatchRecordEventsRequest\x1a%.satchel.v1.BatchRecordEventsResponse\x12K\n\nListEvents\x12\x1d.satchel.v1.ListEventsRequest\x1a\x1e.satchel.v1.ListEventsResponse\x12K\n\nAssertFact\x12\x1d.satchel.v1.AssertFactRequest\x1a\x1e.satchel.v1.AssertFactResponse\x12]\n\x10\x42\x61tchAssertFacts\x12#.satchel.v1.BatchAssertFactsRequest\x1a$.satchel.v1.BatchAssertFactsResponse\x12K\n\nRetireFact\x12\x1d.satchel.v1.RetireFactRequest\x1a\x1e.satchel.v1.RetireFactResponse\x12T\n\rSupersedeFact\x12 .satchel.v1.SupersedeFactRequest\x1a!.satchel.v1.SupersedeFactResponse\x12H\n\tListFacts\x12\x1c.satchel.v1.ListFactsRequest\x1a\x1d.satchel.v1.ListFactsResponse\x12Q\n\x0cOpenConflict\x12\x1f.satchel.v1.OpenConflictRequest\x1a .satchel.v1.OpenConflictResponse\x12Z\n\x0fResolveConflict\x12\".satchel.v1.ResolveConflictRequest\x1a#.satchel.v1.ResolveConflictResponse\x12T\n\rListConflicts\x12 .satchel.v1.ListConflictsRequest\x1a!.satchel.v1.ListConflictsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'satchel.v1.memory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FACTSTATUS']._serialized_start=3337
-  _globals['_FACTSTATUS']._serialized_end=3455
-  _globals['_CONFLICTSTATUS']._serialized_start=3457
-  _globals['_CONFLICTSTATUS']._serialized_end=3562
+  _globals['_FACTSTATUS']._serialized_start=3381
+  _globals['_FACTSTATUS']._serialized_end=3499
+  _globals['_CONFLICTSTATUS']._serialized_start=3501
+  _globals['_CONFLICTSTATUS']._serialized_end=3606
   _globals['_EVENT']._serialized_start=135
   _globals['_EVENT']._serialized_end=362
   _globals['_FACT']._serialized_start=365
@@ -52,42 +52,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHRECORDEVENTSREQUEST']._serialized_end=1481
   _globals['_BATCHRECORDEVENTSRESPONSE']._serialized_start=1483
   _globals['_BATCHRECORDEVENTSRESPONSE']._serialized_end=1545
-  _globals['_LISTEVENTSREQUEST']._serialized_start=1547
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1645
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1647
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1727
-  _globals['_ASSERTFACTREQUEST']._serialized_start=1730
-  _globals['_ASSERTFACTREQUEST']._serialized_end=2128
-  _globals['_ASSERTFACTRESPONSE']._serialized_start=2130
-  _globals['_ASSERTFACTRESPONSE']._serialized_end=2199
-  _globals['_BATCHASSERTFACTSREQUEST']._serialized_start=2201
-  _globals['_BATCHASSERTFACTSREQUEST']._serialized_end=2275
-  _globals['_BATCHASSERTFACTSRESPONSE']._serialized_start=2277
-  _globals['_BATCHASSERTFACTSRESPONSE']._serialized_end=2336
-  _globals['_RETIREFACTREQUEST']._serialized_start=2338
-  _globals['_RETIREFACTREQUEST']._serialized_end=2410
-  _globals['_RETIREFACTRESPONSE']._serialized_start=2412
-  _globals['_RETIREFACTRESPONSE']._serialized_end=2464
-  _globals['_SUPERSEDEFACTREQUEST']._serialized_start=2466
-  _globals['_SUPERSEDEFACTREQUEST']._serialized_end=2556
-  _globals['_SUPERSEDEFACTRESPONSE']._serialized_start=2558
-  _globals['_SUPERSEDEFACTRESPONSE']._serialized_end=2613
-  _globals['_LISTFACTSREQUEST']._serialized_start=2616
-  _globals['_LISTFACTSREQUEST']._serialized_end=2782
-  _globals['_LISTFACTSRESPONSE']._serialized_start=2784
-  _globals['_LISTFACTSRESPONSE']._serialized_end=2861
-  _globals['_OPENCONFLICTREQUEST']._serialized_start=2863
-  _globals['_OPENCONFLICTREQUEST']._serialized_end=2956
-  _globals['_OPENCONFLICTRESPONSE']._serialized_start=2958
-  _globals['_OPENCONFLICTRESPONSE']._serialized_end=3020
-  _globals['_RESOLVECONFLICTREQUEST']._serialized_start=3022
-  _globals['_RESOLVECONFLICTREQUEST']._serialized_end=3112
-  _globals['_RESOLVECONFLICTRESPONSE']._serialized_start=3114
-  _globals['_RESOLVECONFLICTRESPONSE']._serialized_end=3179
-  _globals['_LISTCONFLICTSREQUEST']._serialized_start=3181
-  _globals['_LISTCONFLICTSREQUEST']._serialized_end=3269
-  _globals['_LISTCONFLICTSRESPONSE']._serialized_start=3271
-  _globals['_LISTCONFLICTSRESPONSE']._serialized_end=3335
-  _globals['_MEMORYSERVICE']._serialized_start=3565
-  _globals['_MEMORYSERVICE']._serialized_end=4505
+  _globals['_LISTEVENTSREQUEST']._serialized_start=1548
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1689
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1691
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1771
+  _globals['_ASSERTFACTREQUEST']._serialized_start=1774
+  _globals['_ASSERTFACTREQUEST']._serialized_end=2172
+  _globals['_ASSERTFACTRESPONSE']._serialized_start=2174
+  _globals['_ASSERTFACTRESPONSE']._serialized_end=2243
+  _globals['_BATCHASSERTFACTSREQUEST']._serialized_start=2245
+  _globals['_BATCHASSERTFACTSREQUEST']._serialized_end=2319
+  _globals['_BATCHASSERTFACTSRESPONSE']._serialized_start=2321
+  _globals['_BATCHASSERTFACTSRESPONSE']._serialized_end=2380
+  _globals['_RETIREFACTREQUEST']._serialized_start=2382
+  _globals['_RETIREFACTREQUEST']._serialized_end=2454
+  _globals['_RETIREFACTRESPONSE']._serialized_start=2456
+  _globals['_RETIREFACTRESPONSE']._serialized_end=2508
+  _globals['_SUPERSEDEFACTREQUEST']._serialized_start=2510
+  _globals['_SUPERSEDEFACTREQUEST']._serialized_end=2600
+  _globals['_SUPERSEDEFACTRESPONSE']._serialized_start=2602
+  _globals['_SUPERSEDEFACTRESPONSE']._serialized_end=2657
+  _globals['_LISTFACTSREQUEST']._serialized_start=2660
+  _globals['_LISTFACTSREQUEST']._serialized_end=2826
+  _globals['_LISTFACTSRESPONSE']._serialized_start=2828
+  _globals['_LISTFACTSRESPONSE']._serialized_end=2905
+  _globals['_OPENCONFLICTREQUEST']._serialized_start=2907
+  _globals['_OPENCONFLICTREQUEST']._serialized_end=3000
+  _globals['_OPENCONFLICTRESPONSE']._serialized_start=3002
+  _globals['_OPENCONFLICTRESPONSE']._serialized_end=3064
+  _globals['_RESOLVECONFLICTREQUEST']._serialized_start=3066
+  _globals['_RESOLVECONFLICTREQUEST']._serialized_end=3156
+  _globals['_RESOLVECONFLICTRESPONSE']._serialized_start=3158
+  _globals['_RESOLVECONFLICTRESPONSE']._serialized_end=3223
+  _globals['_LISTCONFLICTSREQUEST']._serialized_start=3225
+  _globals['_LISTCONFLICTSREQUEST']._serialized_end=3313
+  _globals['_LISTCONFLICTSRESPONSE']._serialized_start=3315
+  _globals['_LISTCONFLICTSRESPONSE']._serialized_end=3379
+  _globals['_MEMORYSERVICE']._serialized_start=3609
+  _globals['_MEMORYSERVICE']._serialized_end=4549
 # @@protoc_insertion_point(module_scope)

@@ -236,18 +236,23 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def ListEvents(
         self, request: memory_pb2.ListEventsRequest, context: aio.ServicerContext
     ) -> memory_pb2.ListEventsResponse:
-        """Events of a scope, newest occurred_at first, page by page."""
+        """Events of a scope (those that had occurred by `as_of` as recorded then, when
+        given), newest occurred_at first, page by page."""
         v = Violations()
         _scope(v, "", request.project_id, request.subject_id)
         limit = check_page_size(v, "page_size", request.page_size)
-        fingerprint = query_fingerprint("events", request.project_id, request.subject_id)
+        as_of = check_timestamp(v, "as_of", request.as_of, present=request.HasField("as_of"))
+        fingerprint = query_fingerprint(
+            "events", request.project_id, request.subject_id, as_of.isoformat() if as_of else ""
+        )
         token = decode_page_token(v, "page_token", request.page_token, fingerprint)
         v.raise_if_any()
         rows, at = await memory.list_events(
             self._runtime(),
             project_id=request.project_id,
             subject_id=request.subject_id,
-            recorded_by=token.at if token else None,
+            recorded_by=token.at if token else as_of,
+            occurred_by=as_of,
             before=token.last if token else None,
             limit=limit + 1,
         )

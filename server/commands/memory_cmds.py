@@ -62,12 +62,14 @@ def cmd_facts(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    """List the events of a scope, newest first."""
+    """List the events of a scope, newest first: all, or those that had occurred as of an
+    instant."""
     address = server_address(args)
     try:
         with client(args, address) as api:
             events, more = _take(
-                api.iter_events(args.project, args.subject, page_size=PAGE_SIZE), args.limit
+                api.iter_events(args.project, args.subject, as_of=args.as_of, page_size=PAGE_SIZE),
+                args.limit,
             )
     except SatchelError as exc:
         return fail(exc, address)
@@ -75,7 +77,9 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
         print_json(memory_pb2.ListEventsResponse(events=events))
         return 0
     out = console()
-    out.print(events_table(events, f"events of {args.project}/{args.subject}, newest first"))
+    when = f" as of {args.as_of:%Y-%m-%d %H:%M}" if args.as_of else ""
+    title = f"events of {args.project}/{args.subject}{when}, newest first"
+    out.print(events_table(events, title))
     out.print(f"{len(events)} event(s)" + (f", more beyond --limit {args.limit}" if more else ""))
     return 0
 
@@ -94,6 +98,9 @@ def register(commands: Any) -> None:
     events = commands.add_parser("events", help="list the events of a scope, newest first")
     events.add_argument("--project", required=True)
     events.add_argument("--subject", required=True)
+    events.add_argument(
+        "--as-of", type=parse_instant, help="occurred and recorded by then (ISO 8601)"
+    )
     events.add_argument("--limit", type=int, default=50, help="at most N events (0: all)")
     add_client_options(events, json_help="print a ListEventsResponse as JSON")
     events.set_defaults(func=cmd_events)

@@ -228,12 +228,16 @@ async def list_events(
     project_id: str,
     subject_id: str,
     recorded_by: datetime,
+    occurred_by: datetime | None,
     before: tuple[datetime, uuid.UUID] | None,
     limit: int,
 ) -> list[EventRow]:
-    """Events of a scope recorded by `recorded_by`, newest `occurred_at` first, keyset-paged
-    strictly after `before` = (occurred_at, id) of the previous page's last row."""
+    """Events of a scope recorded by `recorded_by` (and occurred by `occurred_by` when given),
+    newest `occurred_at` first, keyset-paged strictly after `before` = (occurred_at, id) of
+    the previous page's last row."""
     where = "project_id = %(project_id)s AND subject_id = %(subject_id)s AND recorded_at <= %(at)s"
+    if occurred_by is not None:
+        where += " AND occurred_at <= %(occurred_by)s"
     if before is not None:
         where += " AND (occurred_at, id) < (%(after_at)s, %(after_id)s)"
     sql = (
@@ -244,6 +248,7 @@ async def list_events(
         "project_id": project_id,
         "subject_id": subject_id,
         "at": recorded_by,
+        "occurred_by": occurred_by,
         "after_at": before[0] if before else None,
         "after_id": before[1] if before else None,
         "limit": limit,

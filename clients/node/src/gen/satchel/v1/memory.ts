@@ -201,6 +201,11 @@ export interface ListEventsRequest {
   subjectId: string;
   pageSize: number;
   pageToken: string;
+  /**
+   * The events that had occurred by that instant as recorded then; unset means every event
+   * recorded by now.
+   */
+  asOf: Date | undefined;
 }
 
 export interface ListEventsResponse {
@@ -1506,7 +1511,7 @@ export const BatchRecordEventsResponse: MessageFns<BatchRecordEventsResponse> = 
 };
 
 function createBaseListEventsRequest(): ListEventsRequest {
-  return { projectId: "", subjectId: "", pageSize: 0, pageToken: "" };
+  return { projectId: "", subjectId: "", pageSize: 0, pageToken: "", asOf: undefined };
 }
 
 export const ListEventsRequest: MessageFns<ListEventsRequest> = {
@@ -1522,6 +1527,9 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(34).string(message.pageToken);
+    }
+    if (message.asOf !== undefined) {
+      Timestamp.encode(toTimestamp(message.asOf), writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -1571,6 +1579,14 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.asOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1605,6 +1621,11 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
         : isSet(object.page_token)
         ? globalThis.String(object.page_token)
         : "",
+      asOf: isSet(object.asOf)
+        ? fromJsonTimestamp(object.asOf)
+        : isSet(object.as_of)
+        ? fromJsonTimestamp(object.as_of)
+        : undefined,
     };
   },
 
@@ -1622,6 +1643,9 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     if (message.pageToken !== "") {
       obj.pageToken = message.pageToken;
     }
+    if (message.asOf !== undefined) {
+      obj.asOf = message.asOf.toISOString();
+    }
     return obj;
   },
 
@@ -1634,6 +1658,7 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     message.subjectId = object.subjectId ?? "";
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.asOf = object.asOf ?? undefined;
     return message;
   },
 };
