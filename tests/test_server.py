@@ -14,8 +14,13 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from memory_helpers import error_details
+
+from satchel.server.config import Settings
+from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 SATCHEL_SERVICES = {
     "satchel.v1.ContextService",
@@ -122,3 +127,120 @@ def test_satchel_serve_refuses_bad_configuration(tmp_path: Path) -> None:
     result = subprocess.run([satchel, "serve"], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "SATCHEL_RETRIEVAL_TOP_K" in result.stderr
+
+
+def _serve(pg_dsn: str, tmp_path: Path, log_file) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "SATCHEL_DATABASE_URL": pg_dsn,
+        "SATCHEL_DATA_DIR": str(tmp_path / "data"),
+        "SATCHEL_LISTEN": "127.0.0.1:0",
+        "SATCHEL_LOG_FORMAT": "json",
+        "SATCHEL_LOG_LEVEL": "info",
+    }
+    satchel = str(Path(sys.executable).parent / "satchel")
+    return subprocess.Popen([satchel, "serve"], env=env, stdout=log_file, stderr=log_file)
+
+
+def test_rpc_log_lines_carry_the_trace_id_of_context_calls(pg_dsn: str, tmp_path: Path) -> None:
+    """Each RPC logs one JSON line (method, code, duration); a context call's line carries the
+    trace id its client got back, and that id does not leak onto the next call's line."""
+    project_id = f"test-{os.urandom(6).hex()}"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log_file:
+        proc = _serve(pg_dsn, tmp_path, log_file)
+    try:
+        port = _wait_for_port(log_path, proc)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as chan:
+            health_stub = health_pb2_grpc.HealthStub(chan)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                reply = health_stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                time.sleep(0.2)
+            context = context_pb2_grpc.ContextServiceStub(chan)
+            query = {"project_id": project_id, "subject_id": "user-1", "query": "what food?"}
+            unary = context.AssembleContext(context_pb2.AssembleContextRequest(**query), timeout=30)
+            streamed = list(
+                context.StreamContext(context_pb2.StreamContextRequest(**query), timeout=30)
+            )
+            memory_pb2_grpc.MemoryServiceStub(chan).ListFacts(
+                memory_pb2.ListFactsRequest(project_id=project_id, subject_id="user-1"),
+                timeout=30,
+            )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stream_trace_id = streamed[-1].trace_id
+    assert unary.trace_id and stream_trace_id and unary.trace_id != stream_trace_id
+    events = [
+        json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    by_method: dict[str, list[dict]] = {}
+    for event in events:
+        if event["event"] == "rpc":
+            by_method.setdefault(event["method"].rsplit("/", 1)[-1], []).append(event)
+    assert len(by_method["AssembleContext"]) == 1
+    assert len(by_method["StreamContext"]) == 1
+    assert len(by_method["ListFacts"]) == 1
+    for method, trace_id in (
+        ("AssembleContext", unary.trace_id),
+        ("StreamContext", stream_trace_id),
+    ):
+        line = by_method[method][0]
+        assert line["method"] == f"/satchel.v1.ContextService/{method}"
+        assert line["code"] == "OK" and line["duration_ms"] >= 0
+        assert line["trace_id"] == trace_id, line
+    listed = by_method["ListFacts"][0]
+    assert listed["code"] == "OK" and "trace_id" not in listed, listed
+
+
+async def test_health_is_not_serving_until_database_and_model_are_ready(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the model still loads the server already listens: health NOT_SERVING, satchel.v1
+    calls UNAVAILABLE (NOT_READY); once it is loaded, SERVING and calls answer."""
+    import threading
+
+    from satchel.server import app
+
+    reached, release = threading.Event(), threading.Event()
+    real_load_embedder = app.load_embedder
+
+    def held_load_embedder(*args, **kwargs):
+        reached.set()
+        release.wait(60)
+        return real_load_embedder(*args, **kwargs)
+
+    monkeypatch.setattr(app, "load_embedder", held_load_embedder)
+    srv = app.SatchelServer(settings)
+    starting = asyncio.create_task(srv.start())
+    try:
+        # The model loads after the port listens: once it is being loaded, the window is open.
+        assert await asyncio.to_thread(reached.wait, 60)
+        assert not starting.done()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as chan:
+            health_stub = health_pb2_grpc.HealthStub(chan)
+            for service in ("", *sorted(SATCHEL_SERVICES)):
+                reply = await health_stub.Check(health_pb2.HealthCheckRequest(service=service))
+                assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING, service
+            facts = memory_pb2_grpc.MemoryServiceStub(chan)
+            request = memory_pb2.ListFactsRequest(project_id="test-not-ready", subject_id="u")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await facts.ListFacts(request, timeout=10)
+            code, _, reason = error_details(refused.value)
+            assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "NOT_READY")
+
+            release.set()
+            await asyncio.wait_for(starting, 120)
+            for service in ("", *sorted(SATCHEL_SERVICES)):
+                reply = await health_stub.Check(health_pb2.HealthCheckRequest(service=service))
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+            assert not (await facts.ListFacts(request, timeout=30)).facts
+    finally:
+        release.set()
+        await asyncio.gather(starting, return_exceptions=True)
+        await srv.stop()

@@ -199,3 +199,39 @@ async def test_autocommit_reads_leave_pooled_connections_transactional(pg_dsn: s
             assert (await (await conn.execute("SELECT 2")).fetchone()) == (2,)
     finally:
         await pool.close()
+
+
+async def _hnsw_settings(conn) -> tuple[str, str]:
+    """The effective HNSW settings of a connection: pgvector's library is loaded first (a
+    vector cast), so a value it rejects or ignores cannot pass for a mere placeholder."""
+    await conn.execute("SELECT '[1,2,3]'::vector")
+    ef_search = (await (await conn.execute("SHOW hnsw.ef_search")).fetchone())[0]
+    iterative = (await (await conn.execute("SHOW hnsw.iterative_scan")).fetchone())[0]
+    return ef_search, iterative
+
+
+async def test_the_server_pool_connections_carry_the_hnsw_settings(server) -> None:
+    """A connection of the running server's pool searches HNSW with the configured ef_search
+    (not pgvector's default of 40) and an iterative scan in relaxed order."""
+    configured = server.settings.hnsw_ef_search
+    assert configured != 40  # the default differs from pgvector's, so the check means something
+    async with server.runtime().pool.connection() as conn:
+        assert await _hnsw_settings(conn) == (str(configured), "relaxed_order")
+
+
+async def test_every_pooled_connection_gets_the_configured_ef_search(pg_dsn: str) -> None:
+    from satchel.server.storage.pool import create_pool
+
+    with psycopg.connect(pg_dsn) as plain:  # a connection outside the pool keeps the defaults
+        plain.execute("SELECT '[1,2,3]'::vector")  # loads pgvector, registering its settings
+        assert plain.execute("SHOW hnsw.ef_search").fetchone()[0] == "40"
+        assert plain.execute("SHOW hnsw.iterative_scan").fetchone()[0] == "off"
+    pool = create_pool(pg_dsn, min_size=2, max_size=2, ef_search=123)
+    await pool.open(wait=True)
+    try:
+        async with pool.connection() as first, pool.connection() as second:
+            assert first.info.backend_pid != second.info.backend_pid
+            for conn in (first, second):
+                assert await _hnsw_settings(conn) == ("123", "relaxed_order")
+    finally:
+        await pool.close()
