@@ -34,6 +34,16 @@ async def _waiting_on_locks(watcher: psycopg.AsyncConnection, locker_pid: int) -
     return int(row[0])
 
 
+async def _waiting_trace_inserts(watcher: psycopg.AsyncConnection) -> int:
+    cur = await watcher.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE '%%INSERT INTO context_calls%%'"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def _pool_idle(server: Any) -> bool:
     stats = server.runtime.value.pool.get_stats()
     return stats["pool_available"] == stats["pool_size"]
@@ -91,6 +101,70 @@ async def test_a_unary_context_call_past_its_deadline_stops_its_statement(
     assert rows == 0, "a call past its deadline persists nothing"
     reply = await stub.AssembleContext(request, timeout=30)
     assert reply.packet.facts, "the server still serves afterwards"
+
+
+async def test_a_unary_context_call_cancelled_by_its_client_stops_its_statement(
+    channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
+) -> None:
+    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
+    stub = context_pb2_grpc.ContextServiceStub(channel)
+    request = context_pb2.AssembleContextRequest(
+        project_id=project_id, subject_id=SUBJECT, query="Does Caroline sing?"
+    )
+    async with (
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as watcher,
+        await psycopg.AsyncConnection.connect(pg_dsn) as locker,
+    ):
+        # Hold the trace table: the call reads its candidates, then waits to persist its trace.
+        await locker.execute("LOCK TABLE context_calls IN ACCESS EXCLUSIVE MODE")
+        call = stub.AssembleContext(request)  # no deadline: only the cancel can end it
+
+        async def inserting() -> bool:
+            return await _waiting_trace_inserts(watcher) > 0
+
+        async def not_inserting() -> bool:
+            return await _waiting_trace_inserts(watcher) == 0
+
+        assert await poll(inserting), "the call never reached its trace insert"
+        assert call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await call.code() == grpc.StatusCode.CANCELLED
+        assert await poll(not_inserting), "the statement kept waiting after the cancel"
+        await locker.rollback()
+    assert await poll(lambda: _pool_idle(server)), "the cancelled call kept its pooled connection"
+    rows = await _count(
+        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
+    )
+    assert rows == 0, "a cancelled call persists nothing"
+    reply = await stub.AssembleContext(request, timeout=30)
+    assert reply.packet.facts, "the server still serves afterwards"
+
+
+async def test_a_context_stream_past_its_deadline_stops_its_statement(
+    channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
+) -> None:
+    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
+    stub = context_pb2_grpc.ContextServiceStub(channel)
+    request = context_pb2.StreamContextRequest(
+        project_id=project_id, subject_id=SUBJECT, query="Does Caroline sing?"
+    )
+    received: list[context_pb2.StreamContextResponse] = []
+
+    async def read_stream() -> None:
+        async for message in stub.StreamContext(request, timeout=3):
+            received.append(message)
+
+    took = await _blocked_call_gives_up(pg_dsn, server, "context_calls", read_stream)
+    assert took < 8
+    kinds = {m.WhichOneof("event") for m in received}
+    assert kinds == {"decision"}, f"the stream was cut while persisting its trace: {kinds}"
+    rows = await _count(
+        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
+    )
+    assert rows == 0, "a stream past its deadline persists nothing"
+    replies = [m async for m in stub.StreamContext(request, timeout=30)]
+    assert replies[-1].packet.facts, "the server still serves afterwards"
 
 
 @pytest.mark.parametrize("rpc", ["AssertFact", "BatchRecordEvents"])

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
 import time
+import uuid
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from memory_helpers import event_request, expect_error, fact_request
+from memory_helpers import event_request, expect_error, fact_request, query
 from reliability_helpers import (
     Rpc,
     bearer,
@@ -25,7 +29,13 @@ from reliability_helpers import (
     satchel_rpcs,
 )
 
-from satchel.server.auth import KeyCache, Principal, bearer_key, request_projects
+from satchel.server.auth import (
+    SHOWN_PREFIX_CHARS,
+    KeyCache,
+    Principal,
+    bearer_key,
+    request_projects,
+)
 from satchel.server.config import Settings, listens_on_loopback_only
 from satchel.server.errors import Unauthenticated
 from satchel.v1 import context_pb2, memory_pb2, talent_pb2
@@ -296,6 +306,94 @@ async def test_revoked_keys_stop_working_within_the_cache_time(
             assert code == 1
             code, out = await satchel_cli("keys", "create", env=env)
             assert code == 2 and "--project" in out
+
+
+def _created(out: str) -> tuple[str, str]:
+    """(key id, key) from the output of `satchel keys create`."""
+    lines = out.strip().splitlines()
+    found = re.search(r"created key ([0-9a-f-]{36}) for ", lines[-2])
+    assert found, out
+    return found.group(1), lines[-1]
+
+
+def _api_keys_rows(dsn: str) -> list[tuple[tuple[str, object], ...]]:
+    """Every column of every row of `api_keys`, as (column, value) pairs."""
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute("SELECT * FROM api_keys")
+        names = [column.name for column in cur.description or ()]
+        return [tuple(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+async def test_keys_create_stores_only_a_hash_of_the_key(settings: Settings, pg_dsn: str) -> None:
+    project = "hash-" + str(time.time_ns())
+    env = {"SATCHEL_DATABASE_URL": pg_dsn}
+    code, out = await satchel_cli("keys", "create", "--project", project, env=env)
+    assert code == 0, out
+    key_id, key = _created(out)
+    assert key.startswith("satchel_") and len(key) > SHOWN_PREFIX_CHARS + 20
+    secret = key[SHOWN_PREFIX_CHARS:]  # what is never kept in clear, even in part
+    rows = await asyncio.to_thread(_api_keys_rows, pg_dsn)
+    mine = [dict(row) for row in rows if str(dict(row)["id"]) == key_id]
+    assert len(mine) == 1, "the created key is stored"
+    assert mine[0]["project_id"] == project
+    assert bytes(mine[0]["key_hash"]) == hashlib.sha256(key.encode()).digest()
+    assert mine[0]["prefix"] == key[:SHOWN_PREFIX_CHARS]
+    for row in rows:
+        for column, value in row:
+            if isinstance(value, bytes | bytearray | memoryview):
+                stored = bytes(value)
+                assert key.encode() not in stored and secret.encode() not in stored, column
+            assert key not in str(value) and secret not in str(value), column
+    # Every column as PostgreSQL renders it (bytea as hex): neither the key nor its bytes.
+    dumped = "\n".join(str(row[0]) for row in await query(pg_dsn, "SELECT t::text FROM api_keys t"))
+    assert secret not in dumped and secret.encode().hex() not in dumped
+    code, listing = await satchel_cli("keys", "list", "--project", project, env=env)
+    assert code == 0 and key_id in listing and secret not in listing, listing
+
+
+async def test_a_key_revoked_by_its_id_stops_working(settings: Settings, pg_dsn: str) -> None:
+    project = "revid-" + str(time.time_ns())
+    env = {"SATCHEL_DATABASE_URL": pg_dsn}
+    async with running(settings, auth="required", auth_cache_seconds=1.0) as server:
+        created = []
+        for _ in range(2):
+            code, out = await satchel_cli("keys", "create", "--project", project, env=env)
+            assert code == 0, out
+            created.append(_created(out))
+        (key_id, key), (_, kept) = created
+        async with channel_to(server) as channel:
+            request = context_pb2.GetStatsOverviewRequest(project_id=project)
+            rpc = _rpc("GetStatsOverview")
+
+            async def status(credentials: str) -> grpc.StatusCode:
+                code, _ = await call_code(channel, rpc, request, metadata=bearer(credentials))
+                return code
+
+            assert await status(key) == grpc.StatusCode.OK
+            assert await status(kept) == grpc.StatusCode.OK
+
+            code, out = await satchel_cli("keys", "revoke", key_id, env=env)
+            assert code == 0 and f"revoked key {key_id}" in out, out
+
+            async def refused() -> bool:
+                return await status(key) == UNAUTHENTICATED
+
+            assert await poll(refused, timeout=10), "the revoked key still works"
+            assert await status(kept) == grpc.StatusCode.OK, "only the named key is revoked"
+            code, listing = await satchel_cli("keys", "list", "--project", project, env=env)
+            assert code == 0, listing
+            states = {line.split()[0]: line for line in listing.strip().splitlines()}
+            assert "revoked" in states[key_id] and "active" not in states[key_id], listing
+            assert sum("active" in line for line in states.values()) == 1, listing
+            # Revoking again keeps it revoked; an unknown id or a malformed one is refused.
+            code, out = await satchel_cli("keys", "revoke", key_id, env=env)
+            assert code == 0 and f"revoked key {key_id}" in out, out
+            assert await status(key) == UNAUTHENTICATED
+            code, out = await satchel_cli("keys", "revoke", str(uuid.uuid4()), env=env)
+            assert code == 1 and "no such key" in out, out
+            code, out = await satchel_cli("keys", "revoke", "not-a-uuid", env=env)
+            assert code == 2 and "UUID" in out, out
+            assert await status(kept) == grpc.StatusCode.OK
 
 
 async def test_tls_and_client_certificates(settings: Settings, tmp_path: Path) -> None:
