@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
+import re
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,31 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The rows of the boxed rich tables in `text` as cell texts, wrapped lines joined
+    (panels, with one cell a line, are left out)."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        if not line.startswith("│") or len(cells) < 2:
+            continue
+        if rows and not cells[0] and len(cells) == len(rows[-1]):
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+        else:
+            rows.append(cells)
+    return rows
+
+
+def first_line(lines: list[str], predicate: Callable[[str], object]) -> int:
+    """The index of the first line matching `predicate`."""
+    return next(i for i, line in enumerate(lines) if predicate(line))
+
+
+DECISION_ROW = re.compile(r"^\s*\d+\s+(fact|ep\.)\s")
+BUDGET_BAR = re.compile(r"budget \S+\s+(\d+)/120 tokens")
+ANSI = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07)")
 
 
 async def demo(address: str, project_id: str) -> list[dict[str, Any]]:
@@ -113,6 +140,85 @@ async def test_demo_loads_the_sample_and_streams_a_context_call(
         )
     )
     assert len(events["events"]) == 10
+
+
+async def test_demo_human_output_streams_the_decisions_then_the_packet(
+    address: str, project_id: str
+) -> None:
+    out = ok(await satchel("demo", "--project", project_id, "--pace", "0", "--address", address))
+    lines = out.splitlines()
+    loaded = first_line(lines, lambda line: line.startswith("sample memory loaded"))
+    assert lines[loaded].endswith(" 28/28")  # the progress bar's last frame
+    header = first_line(lines, lambda line: "candidate" in line and "outcome" in line)
+    rows = [i for i, line in enumerate(lines) if DECISION_ROW.match(line)]
+    assert len(rows) >= 10
+    text = [lines[i] for i in rows]
+    flight = [line for line in text if "Maya's flight to Lisbon" in line]
+    assert len(flight) == 2 and all("blocked" in r and "conflict_open" in r for r in flight)
+    assert any(
+        "Maya is in Berlin" in r and "excluded" in r and "volatility_expired" in r for r in text
+    )
+    assert any("included" in r and "relevance" in r for r in text)
+    assert any("excluded" in r and "over_budget" in r for r in text)
+    bar = first_line(lines, BUDGET_BAR.match)
+    status = first_line(lines, lambda line: line.startswith("status degraded"))
+    packet = first_line(lines, lambda line: "<satchel_memory>" in line)
+    talents = first_line(lines, lambda line: line.startswith("talents for "))
+    assert loaded < header < rows[0] and rows[-1] < bar < status < packet < talents
+    tokens = BUDGET_BAR.match(lines[bar]).group(1)  # type: ignore[union-attr]
+    assert f"tokens {tokens}/120" in lines[status]
+    talent_rows = table_rows(out)  # the selection after the packet
+    assert any(r[0].startswith("demo.") and r[1] == "selected" for r in talent_rows)
+
+
+def run_in_terminal(*args: str) -> str:
+    """Run `satchel ARGS` on a pseudo-terminal; its output without escape sequences."""
+    controller, terminal = pty.openpty()
+    base = {k: v for k, v in os.environ.items() if k not in (*CLIENT_ENV_VARS, "NO_COLOR")}
+    env = {**base, "COLUMNS": "120", "TERM": "xterm-256color"}
+    proc = subprocess.Popen([SATCHEL, *args], stdout=terminal, stderr=terminal, env=env)
+    os.close(terminal)
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(controller, 65536):
+            chunks.append(chunk)
+    except OSError:  # EIO: the child closed the terminal
+        pass
+    finally:
+        os.close(controller)
+    assert proc.wait(timeout=240) == 0, b"".join(chunks).decode(errors="replace")
+    return ANSI.sub("", b"".join(chunks).decode(errors="replace"))
+
+
+async def test_demo_on_a_terminal_redraws_the_budget_as_decisions_stream(
+    address: str, project_id: str
+) -> None:
+    args = ("demo", "--project", project_id, "--pace", "0.05", "--address", address)
+    out = await asyncio.to_thread(run_in_terminal, *args)
+    streamed, _, after = out.partition("status degraded")
+    assert after and "<satchel_memory>" in after
+    used = [int(n) for n in BUDGET_BAR.findall(streamed)]
+    assert len(set(used)) >= 3, used  # frames drawn while the budget filled
+    assert used == sorted(used) and used[0] < used[-1]
+    assert f"tokens {used[-1]}/120" in after
+    assert "conflict_open" in streamed and "over_budget" in streamed
+
+
+async def test_events_human_output_is_a_table_newest_first(address: str, project_id: str) -> None:
+    await demo(address, project_id)
+    scope = ("--project", project_id, "--subject", "maya", "--address", address)
+    out = ok(await satchel("events", *scope, "--limit", "3"))
+    lines = out.splitlines()
+    assert lines[0].startswith(f"events of {project_id}/maya, newest first")
+    rows = table_rows(out)
+    assert [r[2] for r in rows] == ["conversation.message"] * 3
+    assert [r[3][:20] for r in rows] == [
+        "maya: I'm vegetarian",
+        "maya: Found it: the ",
+        "maya: I'm in Berlin ",
+    ]
+    assert [r[1] for r in rows] == sorted((r[1] for r in rows), reverse=True)
+    assert lines[-1] == "3 event(s), more beyond --limit 3"
 
 
 async def test_context_trace_facts_events_and_stats_json(address: str, project_id: str) -> None:
@@ -202,6 +308,27 @@ async def test_talents_resolve_and_doctor_through_the_sdk(address: str, project_
     doctor = await satchel("doctor", "--project", project_id, "--json", "--address", address)
     assert doctor.returncode == 0, doctor.stderr
     assert json.loads(doctor.stdout)["findings"] == []
+
+    human = ok(
+        await satchel(
+            "talents", "resolve", "--project", project_id, "--task",
+            "Fix a slow SQL query timeout", "--relevance", "embeddings", "--address", address,
+        )
+    )  # fmt: skip
+    rows = table_rows(human)
+    assert rows[0][:2] == ["demo.sql.performance", "selected"]
+    decided = [("selected", t) for t in selection["selected"]]
+    decided += [("excluded", t) for t in selection["excluded"]]
+    assert [(r[0], r[1], r[-1].split(" (")[0]) for r in rows] == [
+        (t["talent_id"], outcome, t["reason"]) for outcome, t in decided
+    ]
+    assert "relevance embeddings  floor" in human and "## SQL performance" in human
+    doctor_text = await satchel("doctor", "--project", project_id, "--address", address)
+    assert doctor_text.returncode == 0, doctor_text.stderr
+    assert doctor_text.stdout.splitlines() == [
+        f"project {project_id}: roles none known (role check skipped)",
+        "no findings",
+    ]
 
 
 async def test_errors_exit_1_with_the_field_violations(address: str, project_id: str) -> None:

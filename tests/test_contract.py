@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import filecmp
+import shutil
 import subprocess
 import sys
+import zipfile
+from importlib.resources import files
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,3 +60,28 @@ def test_client_import_is_light() -> None:
 def test_dockerfile_passes_hadolint() -> None:
     result = _run(str(BIN / "hadolint"), "--failure-threshold", "warning", "Dockerfile")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+TYPED = ("satchel", "satchel.client")
+"""The packages carrying a PEP 561 `py.typed` marker (`satchel`'s covers its subpackages)."""
+
+
+def test_installed_package_is_marked_typed() -> None:
+    for package in TYPED:
+        assert files(package).joinpath("py.typed").is_file(), package
+
+
+def test_wheel_ships_the_py_typed_markers(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    for name in ("satchel", "client", "server", "migrations"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index")
+    result = _run(*pip, "--quiet", "--wheel-dir", str(tmp_path / "dist"), ".", cwd=source)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (tmp_path / "dist").glob("satchel-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    markers = {package.replace(".", "/") + "/py.typed" for package in TYPED}
+    assert markers <= names, sorted(markers - names)
+    assert "satchel/v1/context_pb2.pyi" in names

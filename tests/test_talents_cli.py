@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import grpc
 from talent_helpers import stub
+from test_cli import table_rows
 
 from satchel.v1 import talent_pb2
 
@@ -18,8 +21,9 @@ SATCHEL = str(Path(sys.executable).parent / "satchel")
 
 
 async def satchel(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # tables 120 columns wide
     return await asyncio.to_thread(
-        subprocess.run, [SATCHEL, *args], capture_output=True, text=True, timeout=120
+        subprocess.run, [SATCHEL, *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 
@@ -83,10 +87,10 @@ async def test_import_then_list_resolve_and_doctor(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == (
-        f"[1/3] {project_id}/architecture/hexagonal/SKILL.md: created {hexagonal} (active)"
-    )
-    assert lines[-1] == (f"imported 3 talent(s): 3 created, 0 updated, 3 activated on {project_id}")
+    assert lines[0] == f"{project_id}/architecture/hexagonal/SKILL.md: created {hexagonal} (active)"
+    assert len(lines) == 5, result.stdout  # a line a file, the progress bar, the summary
+    assert re.fullmatch(r"talents imported\s+━+ 3/3", lines[3])  # its last frame
+    assert lines[4] == f"imported 3 talent(s): 3 created, 0 updated, 3 activated on {project_id}"
     again = await satchel("talents", "import", str(tmp_path), "--address", address)
     assert again.returncode == 0
     assert again.stdout.splitlines()[-1] == "imported 3 talent(s): 0 created, 3 updated"
@@ -123,8 +127,13 @@ async def test_import_then_list_resolve_and_doctor(
         "talents", "resolve", "--project", project_id, "--task", task, "--address", address
     )
     assert human.returncode == 0
-    assert human.stdout.startswith("relevance off")
-    assert f"+ {docker}" in human.stdout and "relevance_off" in human.stdout
+    assert human.stdout.startswith(f"talents for {task!r}")
+    rows = {row[0]: (row[1], row[-1]) for row in table_rows(human.stdout)}
+    assert rows[docker] == rows[hexagonal] == ("selected", "relevance_off")
+    outcome, reason = rows[f"{project_id}.architecture.ghost"]
+    assert outcome == "excluded" and reason.startswith("not_active (required by")
+    assert "".join(reason.split()).endswith(f"{hexagonal})")  # a long id may be folded
+    assert "relevance off  floor" in human.stdout and "## Docker rules" in human.stdout
 
     compiled = await satchel(
         "talents", "resolve", "--project", project_id, "--task", task, "--compiled",
@@ -153,8 +162,12 @@ async def test_import_then_list_resolve_and_doctor(
         "doctor", "--project", project_id, "--role", "backend", "--address", address
     )
     assert doctor_text.returncode == 1
-    assert "roles backend, frontend" in doctor_text.stdout
-    assert "unknown_edge_target" in doctor_text.stdout and "1 finding(s)" in doctor_text.stdout
+    lines = doctor_text.stdout.splitlines()
+    assert lines[0] == f"project {project_id}: roles backend, frontend"
+    assert table_rows(doctor_text.stdout) == [
+        ["unknown_edge_target", hexagonal, f"requires {project_id}.architecture.ghost"]
+    ]
+    assert lines[-1] == "1 finding(s)"
 
     listing = await satchel("talents", "list", "--project", project_id, "--address", address)
     assert f"* {docker}  Docker rules" in listing.stdout
@@ -177,6 +190,7 @@ async def test_import_reports_broken_files_and_goes_on(
     assert "broken/SKILL.md: skipped: front matter has no closing '---' line" in out
     assert f"created {project_id}.good" in out
     assert "self.md: failed: INVALID_ARGUMENT" in out and "talent.requires" in out
+    assert re.fullmatch(r"talents imported\s+━+ 3/3", out.splitlines()[-2])
     assert out.splitlines()[-1] == "imported 1 talent(s): 1 created, 0 updated, 2 failed"
 
 

@@ -19,12 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console
-from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 from rich.text import Text
 
-from satchel.client import SatchelClient, SatchelError, render_talents
+from satchel.client import SatchelClient, SatchelError
 from satchel.server.commands import demo_data as sample
 from satchel.server.commands.common import (
     add_client_options,
@@ -36,10 +33,9 @@ from satchel.server.commands.common import (
     print_json_line,
 )
 from satchel.server.commands.context_cmds import show_stream
-from satchel.server.commands.view import console
+from satchel.server.commands.view import console, progress_steps, selection_view
 from satchel.server.config import Settings
 from satchel.server.logs import configure_logging
-from satchel.v1 import talent_pb2
 
 DEMO_PROJECT = "demo"
 KEY_PREFIX = "satchel-demo-"
@@ -132,28 +128,12 @@ def _load_with_progress(
     out: Console, api: SatchelClient, args: argparse.Namespace
 ) -> dict[str, int]:
     total = len(sample.EVENTS) + len(sample.FACTS) + 1 + len(sample.talents(DEMO_PROJECT))
-    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=out, disable=args.json, transient=False) as progress:
-        task = progress.add_task("loading the sample memory", total=total)
-
-        def step(what: str) -> None:
-            progress.update(task, advance=1, description=f"loading the sample {what}")
-
-        counts = load_sample(api, args.project, args.subject, step)
-        progress.update(task, description="sample memory loaded")
+    with progress_steps(out, total, "loading the sample memory", disable=args.json) as step:
+        counts = load_sample(
+            api, args.project, args.subject, lambda what: step(f"loading the sample {what}")
+        )
+        step("sample memory loaded", advance=0)
     return counts
-
-
-def _talents_view(selection: talent_pb2.TalentSelection) -> Table:
-    table = Table(title=f"talents for {sample.TALENT_TASK!r}", title_justify="left")
-    for name in ("talent", "score", "reason"):
-        table.add_column(name, justify="right" if name == "score" else "left")
-    for t in selection.selected:
-        why = t.reason + (f" (required by {t.required_by})" if t.required_by else "")
-        table.add_row(Text(t.talent_id, style="green"), f"{t.score:+.3f}", why)
-    for t in selection.excluded:
-        table.add_row(Text(t.talent_id, style="dim"), f"{t.score:+.3f}", t.reason)
-    return table
 
 
 def _run(out: Console, api: SatchelClient, args: argparse.Namespace, about: dict[str, Any]) -> int:
@@ -182,10 +162,7 @@ def _run(out: Console, api: SatchelClient, args: argparse.Namespace, about: dict
         print_json_line({"talents": as_dict(selection)})
         return 0
     out.print()
-    out.print(_talents_view(selection))
-    block = render_talents(selection)
-    if block:
-        out.print(Panel(Text(block), title="talent block", title_align="left", expand=False))
+    out.print(selection_view(selection, f"talents for {sample.TALENT_TASK!r}", out.width))
     target = f" --address {about['address']}" if not about["embedded"] else ""
     scope = f"--project {args.project} --subject {args.subject}"
     out.print(

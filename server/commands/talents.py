@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,10 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from rich.text import Text
 
 from satchel.client import SatchelClient, SatchelError
-from satchel.server.commands import common
+from satchel.server.commands import common, view
 from satchel.server.config import Settings
 from satchel.v1 import talent_pb2
 
@@ -253,8 +255,37 @@ def _fail(exc: SatchelError) -> int:
 # --- commands -------------------------------------------------------------------------------
 
 
+def _import_file(
+    api: SatchelClient, args: argparse.Namespace, root: Path, path: Path, seen: dict[str, Path]
+) -> tuple[str, str]:
+    """Upsert (and activate) one talent file: (`created`|`updated`|`failed`, what to print).
+
+    UNAVAILABLE is raised: no other file would get through either.
+    """
+    try:
+        talent = parse_talent_file(path, root)
+    except (FrontMatterError, UnicodeDecodeError) as exc:
+        return "failed", f"skipped: {exc}"
+    if talent.id in seen:
+        return "failed", f"skipped: id {talent.id} already used by {seen[talent.id]}"
+    seen[talent.id] = path.relative_to(root)
+    try:
+        reply = api.upsert_talent(talent.message())
+        if args.activate:
+            api.set_talent_activation(args.project, talent.id)
+    except SatchelError as exc:
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            raise
+        return "failed", f"failed: {describe_error(exc)}"
+    verb = "created" if reply.created else "updated"
+    return verb, f"{verb} {talent.id}" + (" (active)" if args.activate else "")
+
+
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    """Upsert every talent file of a directory (and activate them on a project)."""
+    """Upsert every talent file of a directory (and activate them on a project).
+
+    A progress bar counts the files; each file's outcome is printed above it.
+    """
     root: Path = args.directory
     if not root.is_dir():
         print(f"satchel: {root} is not a directory", file=sys.stderr)
@@ -266,41 +297,28 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     if not paths:
         print(f"no talent files under {root}")
         return 0
-    created = updated = activated = failed = 0
+    tally: Counter[str] = Counter()
     seen: dict[str, Path] = {}
-    with _client(args, settings) as api:
-        for number, path in enumerate(paths, 1):
-            where = f"[{number}/{len(paths)}] {path.relative_to(root)}"
-            try:
-                talent = parse_talent_file(path, root)
-            except (FrontMatterError, UnicodeDecodeError) as exc:
-                failed += 1
-                print(f"{where}: skipped: {exc}")
-                continue
-            if talent.id in seen:
-                failed += 1
-                print(f"{where}: skipped: id {talent.id} already used by {seen[talent.id]}")
-                continue
-            seen[talent.id] = path.relative_to(root)
-            try:
-                reply = api.upsert_talent(talent.message())
-                if args.activate:
-                    api.set_talent_activation(args.project, talent.id)
-                    activated += 1
-            except SatchelError as exc:
-                if exc.code == grpc.StatusCode.UNAVAILABLE:
-                    return _fail(exc)
-                failed += 1
-                print(f"{where}: failed: {describe_error(exc)}")
-                continue
-            created += reply.created
-            updated += not reply.created
-            verb = "created" if reply.created else "updated"
-            print(f"{where}: {verb} {talent.id}" + (" (active)" if args.activate else ""))
+    out = view.console()
+    try:
+        with (
+            _client(args, settings) as api,
+            view.progress_steps(out, len(paths), "importing talents") as step,
+        ):
+            for path in paths:
+                status, what = _import_file(api, args, root, path, seen)
+                tally[status] += 1
+                style = "yellow" if status == "failed" else ""
+                out.print(Text(f"{path.relative_to(root)}: {what}", style=style), soft_wrap=True)
+                step()
+            step("talents imported", advance=0)
+    except SatchelError as exc:
+        return _fail(exc)
+    created, updated, failed = tally["created"], tally["updated"], tally["failed"]
     summary = f"imported {created + updated} talent(s): {created} created, {updated} updated"
     if args.activate:
-        summary += f", {activated} activated on {args.project}"
-    print(summary + (f", {failed} failed" if failed else ""))
+        summary += f", {created + updated} activated on {args.project}"
+    out.print(Text(summary + (f", {failed} failed" if failed else "")), soft_wrap=True)
     return 1 if failed else 0
 
 
@@ -341,37 +359,6 @@ def cmd_activate(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failed else 0
 
 
-def render_selection(selection: Any) -> str:
-    """A TalentSelection for people: parameters, selected, excluded, note."""
-    mode = talent_pb2.RelevanceMode.Name(selection.relevance).removeprefix("RELEVANCE_MODE_")
-    p = selection.params
-    lines = [
-        f"relevance {mode.lower()}  floor {p.floor:g}  beta {p.beta:g}  margin {p.margin:g}"
-        f"  budget {p.budget_tokens}",
-        f"selected {len(selection.selected)} talent(s): {selection.tokens_selected} of"
-        f" {selection.tokens_candidates} candidate tokens",
-    ]
-    for t in selection.selected:
-        why = t.reason + (f" (required by {t.required_by})" if t.required_by else "")
-        lines.append(
-            f"  + {t.talent_id:<32} score {t.score:+.3f}  sim {t.similarity:+.3f}"
-            f"  hits {t.stem_hits}  tokens {t.tokens:>5}  {why}"
-        )
-    if selection.excluded:
-        lines.append(f"excluded {len(selection.excluded)} talent(s):")
-    for t in selection.excluded:
-        why = t.reason + (f" (required by {t.required_by})" if t.required_by else "")
-        lines.append(
-            f"  - {t.talent_id:<32} score {t.score:+.3f}  sim {t.similarity:+.3f}"
-            f"  hits {t.stem_hits}  tokens {t.tokens:>5}  {why}"
-        )
-    if selection.out_of_domain:
-        lines.append("out of domain")
-    if selection.note:
-        lines.append(f"note: {selection.note}")
-    return "\n".join(lines)
-
-
 RELEVANCE_CHOICES = ("default", "off", "embeddings")
 
 
@@ -396,9 +383,9 @@ def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
     elif args.compiled:
         print(reply.selection.compiled)
     else:
-        print(render_selection(reply.selection))
-        if reply.selection.compiled:
-            print("\n" + reply.selection.compiled)
+        title = f"talents for {args.task!r}" + (f"  role {args.role}" if args.role else "")
+        out = view.console()
+        out.print(view.selection_view(reply.selection, title, out.width))
     return 0
 
 
@@ -412,11 +399,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(_to_json(reply))
     else:
-        roles = ", ".join(reply.roles_known) or "none known (role check skipped)"
-        print(f"project {args.project}: roles {roles}")
-        for finding in reply.findings:
-            print(f"  {finding.code:<22} {finding.talent_id:<32} {finding.detail}")
-        print(f"{len(reply.findings)} finding(s)" if reply.findings else "no findings")
+        view.console().print(view.findings_view(args.project, reply))
     return 1 if reply.findings else 0
 
 

@@ -1,11 +1,13 @@
 """Rich renderings for the client commands: the decision table, the budget bar, packets,
-traces, facts, events, stats. Only the CLI imports rich; `satchel.client` never does."""
+traces, facts, events, stats, talent selections, doctor findings and the progress bar of long
+loads. Only the CLI imports rich; `satchel.client` never does."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 from google.protobuf import json_format
@@ -13,12 +15,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from satchel.client import render_packet
-from satchel.v1 import context_pb2, memory_pb2
+from satchel.client import render_packet, render_talents
+from satchel.v1 import context_pb2, memory_pb2, talent_pb2
 
 OUTCOME_STYLE = {
     context_pb2.DECISION_OUTCOME_INCLUDED: ("included", "green"),
@@ -212,3 +215,97 @@ def stats_table(project_id: str, stats: context_pb2.GetStatsOverviewResponse) ->
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+@contextmanager
+def progress_steps(
+    out: Console, total: int, description: str, *, disable: bool = False
+) -> Iterator[Callable[..., None]]:
+    """A progress bar of `total` steps (its last frame only when `out` is not a terminal).
+
+    Yields `step(description=None, advance=1)`; `out.print` meanwhile prints above the bar.
+    """
+    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=out, disable=disable, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+
+        def step(description: str | None = None, advance: int = 1) -> None:
+            progress.update(task, advance=advance, description=description)
+
+        yield step
+
+
+def _why(talent: talent_pb2.SelectedTalent | talent_pb2.ExcludedTalent) -> str:
+    return talent.reason + (f" (required by {talent.required_by})" if talent.required_by else "")
+
+
+def selection_table(
+    selection: talent_pb2.TalentSelection, title: str, width: int = PIPE_WIDTH
+) -> Table:
+    """The selected talents, then the excluded ones, each with why; the parameters in effect
+    as the caption. The score parts (sim, hits) are shown when `width` leaves room for them."""
+    mode = talent_pb2.RelevanceMode.Name(selection.relevance).removeprefix("RELEVANCE_MODE_")
+    p = selection.params
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption=f"relevance {mode.lower()}  floor {p.floor:g}  beta {p.beta:g}"
+        f"  margin {p.margin:g}  budget {p.budget_tokens}",
+        caption_justify="left",
+        min_width=min(len(title), width),  # a long task would wrap the title
+    )
+    wide = width >= NARROW_WIDTH
+    parts = ("sim", "hits") if wide else ()
+    table.add_column("talent", no_wrap=wide, overflow="fold")  # ids whole when there is room
+    table.add_column("outcome", no_wrap=True)
+    for name in ("score", *parts, "tok"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    rows = [(t, "selected", "green") for t in selection.selected]
+    rows += [(t, "excluded", "yellow") for t in selection.excluded]
+    for t, outcome, style in rows:
+        details = (f"{t.similarity:+.3f}", str(t.stem_hits))[: len(parts)]
+        table.add_row(
+            t.talent_id,
+            Text(outcome, style=style),
+            f"{t.score:+.3f}",
+            *details,
+            str(t.tokens),
+            Text(_why(t), style=style),
+        )
+    return table
+
+
+def selection_view(
+    selection: talent_pb2.TalentSelection, title: str, width: int = PIPE_WIDTH
+) -> RenderableType:
+    """A TalentSelection for people: the talent table, the tokens, any note, the block."""
+    parts: list[RenderableType] = [
+        selection_table(selection, title, width),
+        Text(
+            f"selected {len(selection.selected)} talent(s): {selection.tokens_selected} of"
+            f" {selection.tokens_candidates} candidate tokens"
+        ),
+    ]
+    if selection.out_of_domain:
+        parts.append(Text("out of domain", style="yellow"))
+    if selection.note:
+        parts.append(Text(f"note: {selection.note}", style="yellow"))
+    block = render_talents(selection)
+    if block:
+        parts.append(Panel(Text(block), title="talent block", title_align="left", expand=False))
+    return Group(*parts)
+
+
+def findings_view(project_id: str, report: talent_pb2.DiagnoseProjectResponse) -> RenderableType:
+    """The doctor's report: the roles checked, a table of findings, their count."""
+    roles = ", ".join(report.roles_known) or "none known (role check skipped)"
+    header = Text(f"project {project_id}: roles {roles}")
+    if not report.findings:
+        return Group(header, Text("no findings", style="green"))
+    table = Table(title=f"findings of {project_id}", title_justify="left")
+    for name in ("code", "talent", "detail"):
+        table.add_column(name)
+    for finding in report.findings:
+        table.add_row(Text(finding.code, style="red"), finding.talent_id, finding.detail)
+    return Group(header, table, Text(f"{len(report.findings)} finding(s)", style="bold red"))
