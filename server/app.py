@@ -4,6 +4,7 @@ ready, drain in-flight calls on stop."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 import structlog
@@ -55,6 +56,7 @@ class SatchelServer:
         self.telemetry = Telemetry.from_settings(settings, self.runtime)
         self.metrics_port: int | None = None
         self._embedded: EmbeddedPostgres | None = None
+        self._preparing: tuple[asyncio.Future[Any], ...] = ()
         self._server: grpc.aio.Server | None = None
         self._dsn = ""
         self.probe: DatabaseProbe | None = None
@@ -122,9 +124,12 @@ class SatchelServer:
             self._dsn = dsn
             return dsn
 
-        dsn, embedder = await asyncio.gather(
-            asyncio.to_thread(prepare_database), asyncio.to_thread(load_embedder, settings)
+        # Threads cannot be cancelled: a stop during startup waits for them (see `stop`).
+        self._preparing = (
+            asyncio.ensure_future(asyncio.to_thread(prepare_database)),
+            asyncio.ensure_future(asyncio.to_thread(load_embedder, settings)),
         )
+        dsn, embedder = await asyncio.shield(asyncio.gather(*self._preparing))
         await asyncio.to_thread(check_embedding_schema, dsn, embedder.dimension, embedder.model_id)
         pool = create_pool(
             dsn,
@@ -224,6 +229,8 @@ class SatchelServer:
         if runtime is not None:
             await runtime.pool.close()
             runtime.executor.shutdown(wait=False, cancel_futures=True)
+        # Stopped during startup: let the database finish starting, then stop it below.
+        await asyncio.gather(*self._preparing, return_exceptions=True)
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
             self._embedded = None

@@ -200,3 +200,42 @@ async def _run_scenario(
     assert "embedded_postgres_stopped" in names
     completed = [e for e in events if e["event"] == "rpc" and "ContextService" in e["method"]]
     assert [e["code"] for e in completed[-2:]] == ["OK", "OK"]
+
+
+async def test_sigterm_during_startup_waits_for_the_database_then_stops_it(
+    test_root: Path,
+) -> None:
+    """SIGTERM while a new data directory is still being initialised: the server lets the
+    database finish starting, then stops it, before it says it has stopped."""
+    data_dir = Path(tempfile.mkdtemp(prefix="shutdown-early-", dir=test_root))
+    log_path = data_dir / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "SATCHEL_DATABASE_URL"}
+    env.update(
+        SATCHEL_DATA_DIR=str(data_dir), SATCHEL_LISTEN="127.0.0.1:0", SATCHEL_LOG_FORMAT="json"
+    )
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([SATCHEL, "serve"], env=env, stdout=log_file, stderr=log_file)
+    try:
+
+        async def initialising() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            return (data_dir / "pg").exists()  # created by the preparation thread
+
+        assert await poll(initialising, timeout=60, interval=0.02), log_path.read_text()
+        assert not (data_dir / "pg" / "postmaster.pid").exists()  # still starting
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 120) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        await asyncio.to_thread(_stop_leftover, data_dir / "pg")
+    events = [
+        json.loads(line)["event"]
+        for line in log_path.read_text().splitlines()
+        if line.startswith("{")
+    ]
+    assert "server_ready" not in events
+    order = [e for e in events if e.startswith("embedded_postgres_") or e == "server_stopped"]
+    assert order == ["embedded_postgres_started", "embedded_postgres_stopped", "server_stopped"]
+    assert _postmaster(data_dir / "pg") is None
