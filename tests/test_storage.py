@@ -235,3 +235,14 @@ async def test_every_pooled_connection_gets_the_configured_ef_search(pg_dsn: str
                 assert await _hnsw_settings(conn) == ("123", "relaxed_order")
     finally:
         await pool.close()
+
+
+def test_the_test_database_passes_the_version_check(pg_dsn: str) -> None:
+    from satchel.server.storage.migrations import check_database_versions, version_problems
+
+    check_database_versions(pg_dsn)  # raises ConfigError naming what to upgrade otherwise
+    with psycopg.connect(pg_dsn) as conn:
+        version = int(conn.execute("SHOW server_version_num").fetchone()[0])
+        vector = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        assert version_problems(version, vector.fetchone()[0]) == []
+        assert version_problems(version, "0.7.0") != []  # the real server, an older pgvector

@@ -49,9 +49,45 @@ def migrations_directory() -> str:
     return next(iter(spec.submodule_search_locations))
 
 
+MIN_POSTGRES = 150000  # server_version_num of PostgreSQL 15
+MIN_PGVECTOR = (0, 8)  # iterative index scans (hnsw.iterative_scan)
+
+
+def version_problems(server_version_num: int, pgvector: str | None) -> list[str]:
+    """What this PostgreSQL lacks for satchel: its version, and pgvector's (installed, or the
+    one CREATE EXTENSION would install); empty when it has everything."""
+    problems = []
+    if server_version_num < MIN_POSTGRES:
+        major, minor = divmod(server_version_num, 10000)
+        problems.append(f"PostgreSQL >= 15 is needed, this server runs {major}.{minor}")
+    if pgvector is None:
+        problems.append("the pgvector extension (>= 0.8) is not available on this server")
+    else:
+        parts = tuple(int(n) for n in pgvector.split(".")[:2] if n.isdigit())
+        if parts < MIN_PGVECTOR:
+            problems.append(f"pgvector >= 0.8 is needed (iterative index scans), found {pgvector}")
+    return problems
+
+
+def check_database_versions(dsn: str) -> None:
+    """Refuse, with what to upgrade, a database server satchel cannot run on."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        version_num = int(conn.execute("SHOW server_version_num").fetchone()[0])
+        row = conn.execute(
+            "SELECT coalesce(installed_version, default_version) FROM pg_available_extensions"
+            " WHERE name = 'vector'"
+        ).fetchone()
+    problems = version_problems(version_num, row[0] if row else None)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def apply_migrations(dsn: str) -> list[str]:
-    """Apply pending migrations (idempotent, safe under concurrency); return the applied ids."""
+    """Apply pending migrations (idempotent, safe under concurrency); return the applied ids.
+    A server too old for satchel is refused first (`check_database_versions`)."""
     from yoyo import get_backend, read_migrations
+
+    check_database_versions(dsn)
     from yoyo.migrations import MigrationList
 
     found = read_migrations(migrations_directory())
