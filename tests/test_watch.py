@@ -4,14 +4,21 @@ reconnection and shutdown, against real servers on one real database."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import psycopg
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from memory_helpers import event_request, expect_error
 from memory_helpers import stub as memory_stub
+from reliability_helpers import SATCHEL, poll
 from test_context import CAROLINE, assert_facts, context_stub
 
 from satchel.v1 import context_pb2 as pb
@@ -230,3 +237,112 @@ async def test_stopping_a_replica_ends_its_watches_at_once(project_id: str, sett
             assert time.perf_counter() - stopped < 5, "a watch must not hold the drain"
     finally:
         await replica.stop()
+
+
+def _stop_process(proc: subprocess.Popen) -> int | None:
+    """SIGTERM a replica and wait for its exit code; kill it (None) when it does not stop."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+async def test_a_watcher_sees_the_calls_of_a_replica_in_another_process(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    """`satchel serve` as a separate OS process on the same database serves every call; the
+    watcher on this process's server receives each call of its project (decisions in order,
+    then the packet, with the trace id the other process returned) and none of another."""
+    other_project = project_id + "-other"
+    everyone = watch(channel, project_id)
+    others = watch(channel, other_project)
+    for call in (everyone, others):
+        await call.initial_metadata()  # the watch is registered
+
+    log_path = tmp_path / "replica.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SATCHEL_")}
+    env.update(
+        SATCHEL_DATABASE_URL=pg_dsn,
+        SATCHEL_DATA_DIR=str(tmp_path / "data"),
+        SATCHEL_LISTEN="127.0.0.1:0",
+        SATCHEL_LOG_FORMAT="json",
+    )
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([SATCHEL, "serve"], env=env, stdout=log_file, stderr=log_file)
+    try:
+        port = 0
+
+        async def listening() -> bool:
+            nonlocal port
+            assert proc.poll() is None, log_path.read_text()
+            match = re.search(r'"port": (\d+)', log_path.read_text())
+            port = int(match.group(1)) if match else 0
+            return bool(port)
+
+        assert await poll(listening, timeout=120, interval=0.1), "the replica never listened"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as replica:
+
+            async def serving() -> bool:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    reply = await health_pb2_grpc.HealthStub(replica).Check(
+                        health_pb2.HealthCheckRequest(), timeout=5
+                    )
+                except grpc.aio.AioRpcError:
+                    return False
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            assert await poll(serving, timeout=120, interval=0.2), log_path.read_text()
+
+            # Every write and every call goes to the other process.
+            await assert_facts(replica, project_id, CAROLINE)
+            await assert_facts(replica, project_id, CAROLINE[:3], subject_id="user-2")
+            sunny = {"speaker": "Caroline", "text": "Lisbon is sunny"}
+            await memory_stub(replica).RecordEvent(event_request(project_id, payload=sunny))
+            await assert_facts(replica, other_project, CAROLINE[:2])
+
+            async def assemble_on_replica(project: str, subject: str, query: str):
+                reply = await context_stub(replica).AssembleContext(
+                    pb.AssembleContextRequest(project_id=project, subject_id=subject, query=query)
+                )
+                trace = await context_stub(replica).GetTrace(
+                    pb.GetTraceRequest(project_id=project, trace_id=reply.trace_id)
+                )
+                return reply.trace_id, list(trace.trace.decisions), reply.packet
+
+            # This project's calls interleaved with another project's: a leak would show up
+            # between them, in commit order.
+            expected = [
+                ("user-1", await stream_call(replica, project_id, "user-1", "Where is Caroline?")),
+            ]
+            elsewhere = [await assemble_on_replica(other_project, "user-1", "Caroline's job?")]
+            expected.append(
+                ("user-2", await assemble_on_replica(project_id, "user-2", "Caroline's job?"))
+            )
+            elsewhere.append(await stream_call(replica, other_project, "user-1", "Lisbon?"))
+            expected.append(
+                ("user-1", await stream_call(replica, project_id, "user-1", "Caroline's pet?"))
+            )
+
+            seen = await receive(everyone, len(expected))
+            assert [s.trace_id for s in seen] == [call[0] for _, call in expected]
+            assert [s.subject_id for s in seen] == [subject for subject, _ in expected]
+            for got, (_, (_, decisions, packet)) in zip(seen, expected, strict=True):
+                assert decisions and got.decisions == decisions, "the decisions, in order"
+                assert [d.sequence for d in got.decisions] == list(range(1, len(decisions) + 1))
+                assert got.packet == packet, "the packet the other process returned"
+                assert got.packet.facts and got.dropped == 0
+            assert any(e.excerpt for s in seen for e in s.packet.episodes)
+            # The other project's calls were announced too: only to their own watcher.
+            seen_elsewhere = await receive(others, len(elsewhere))
+            assert [s.trace_id for s in seen_elsewhere] == [call[0] for call in elsewhere]
+            assert not {s.trace_id for s in seen} & {s.trace_id for s in seen_elsewhere}
+    finally:
+        everyone.cancel()
+        others.cancel()
+        exit_code = await asyncio.to_thread(_stop_process, proc)
+    assert exit_code == 0, log_path.read_text()
