@@ -71,7 +71,14 @@ def test_installed_package_is_marked_typed() -> None:
         assert files(package).joinpath("py.typed").is_file(), package
 
 
-def test_wheel_ships_the_py_typed_markers(tmp_path: Path) -> None:
+def _wheel_path(source: Path) -> str:
+    """Where a file of the repository lands in the wheel (the `package-dir` mapping)."""
+    top, *rest = source.relative_to(ROOT).parts
+    package = f"satchel/{top}" if top in ("client", "server", "migrations") else top
+    return "/".join((package, *rest))
+
+
+def test_wheel_ships_every_module_the_markers_and_the_data(tmp_path: Path) -> None:
     source = tmp_path / "source"
     for name in ("satchel", "client", "server", "migrations"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -84,4 +91,11 @@ def test_wheel_ships_the_py_typed_markers(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     markers = {package.replace(".", "/") + "/py.typed" for package in TYPED}
     assert markers <= names, sorted(markers - names)
+    shipped = [
+        *(path for top in ("client", "server", "satchel") for path in (ROOT / top).rglob("*.py")),
+        *(ROOT / "migrations").glob("*.sql"),
+        *(ROOT / "server" / "embedding" / "assets").glob("*/*"),
+    ]
+    expected = {_wheel_path(path) for path in shipped if "__pycache__" not in path.parts}
+    assert expected <= names, sorted(expected - names)
     assert "satchel/v1/context_pb2.pyi" in names
