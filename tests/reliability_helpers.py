@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import ipaddress
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -249,3 +250,19 @@ def make_certificates(directory: Path) -> Certificates:
         client_cert=write_cert(client_cert, directory / "client.pem"),
         client_key=write_key(client_key, directory / "client.key"),
     )
+
+
+async def logged_port(proc: subprocess.Popen, log_path: Path, timeout: float = 120) -> int:
+    """The port a `satchel serve` subprocess with JSON logs says it listens on (a failure
+    showing its log if it exits first or never listens)."""
+    port = 0
+
+    async def listening() -> bool:
+        nonlocal port
+        assert proc.poll() is None, log_path.read_text()
+        match = re.search(r'"port": (\d+)', log_path.read_text())
+        port = int(match.group(1)) if match else 0
+        return bool(port)
+
+    assert await poll(listening, timeout=timeout, interval=0.1), log_path.read_text()
+    return port

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import tempfile
@@ -25,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from memory_helpers import fact_request
 from memory_helpers import stub as memory_stub
-from reliability_helpers import SATCHEL, bearer, poll, satchel_cli
+from reliability_helpers import SATCHEL, bearer, logged_port, poll, satchel_cli
 
 from satchel.v1 import context_pb2, context_pb2_grpc
 
@@ -101,17 +100,7 @@ async def test_sigterm_drains_calls_refuses_new_ones_and_stops_the_database(
 async def _run_scenario(
     proc: subprocess.Popen, log_path: Path, data_dir: Path, env: dict[str, str]
 ) -> None:
-    port = 0
-
-    async def listening() -> bool:
-        nonlocal port
-        assert proc.poll() is None, log_path.read_text()
-        match = re.search(r'"port": (\d+)', log_path.read_text())
-        port = int(match.group(1)) if match else 0
-        return bool(port)
-
-    assert await poll(listening, timeout=120, interval=0.1), "the server never listened"
-    target = f"127.0.0.1:{port}"
+    target = f"127.0.0.1:{await logged_port(proc, log_path)}"
     async with grpc.aio.insecure_channel(target) as channel:
 
         async def serving() -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from memory_helpers import event_request, expect_error
 from memory_helpers import stub as memory_stub
-from reliability_helpers import SATCHEL, poll
+from reliability_helpers import SATCHEL, logged_port, poll
 from test_context import CAROLINE, assert_facts, context_stub
 
 from satchel.v1 import context_pb2 as pb
@@ -274,16 +273,7 @@ async def test_a_watcher_sees_the_calls_of_a_replica_in_another_process(
     with log_path.open("w") as log_file:
         proc = subprocess.Popen([SATCHEL, "serve"], env=env, stdout=log_file, stderr=log_file)
     try:
-        port = 0
-
-        async def listening() -> bool:
-            nonlocal port
-            assert proc.poll() is None, log_path.read_text()
-            match = re.search(r'"port": (\d+)', log_path.read_text())
-            port = int(match.group(1)) if match else 0
-            return bool(port)
-
-        assert await poll(listening, timeout=120, interval=0.1), "the replica never listened"
+        port = await logged_port(proc, log_path)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as replica:
 
             async def serving() -> bool:
