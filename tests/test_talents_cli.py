@@ -170,7 +170,11 @@ async def test_import_then_list_resolve_and_doctor(
     assert lines[-1] == "1 finding(s)"
 
     listing = await satchel("talents", "list", "--project", project_id, "--address", address)
-    assert f"* {docker}  Docker rules" in listing.stdout
+    rows = {row[1]: row for row in table_rows(listing.stdout)}  # the catalogue, all projects'
+    assert rows[docker][:3] == ["yes", docker, "Docker rules"]
+    wrong = {t: row[0] for t, row in rows.items() if row[0] != ("yes" if t in by_id else "no")}
+    assert not wrong, (wrong, listing.stdout)
+    assert listing.stdout.splitlines()[-1] == f"{len(rows)} talent(s), {len(by_id)} active"
     as_json = await satchel(
         "talents", "list", "--project", project_id, "--active-only", "--json",
         "--address", address,

@@ -335,12 +335,13 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(_to_json(reply))
         return 0
-    active = set(reply.active_talent_ids)
-    for talent in reply.talents:
-        mark = ("* " if talent.id in active else "  ") if args.project else ""
-        summary = f"  — {talent.summary}" if talent.summary else ""
-        print(f"{mark}{talent.id}  {talent.name}{summary}")
-    print(f"{len(reply.talents)} talent(s)" + (f", {len(active)} active" if args.project else ""))
+    title = f"talents of {args.project}" if args.project else "talent catalogue"
+    if args.active_only:
+        title = f"talents active on {args.project}"
+    out = view.console()
+    out.print(view.talents_table(reply, title, project=bool(args.project)))
+    active = f", {len(reply.active_talent_ids)} active" if args.project else ""
+    out.print(f"{len(reply.talents)} talent(s){active}")
     return 0
 
 

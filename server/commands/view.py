@@ -309,3 +309,19 @@ def findings_view(project_id: str, report: talent_pb2.DiagnoseProjectResponse) -
     for finding in report.findings:
         table.add_row(Text(finding.code, style="red"), finding.talent_id, finding.detail)
     return Group(header, table, Text(f"{len(report.findings)} finding(s)", style="bold red"))
+
+
+def talents_table(reply: talent_pb2.ListTalentsResponse, title: str, project: bool) -> Table:
+    """The talent catalogue; with a project, whether each talent is active on it."""
+    active = set(reply.active_talent_ids)
+    table = Table(title=title, title_justify="left")
+    if project:
+        table.add_column("active", no_wrap=True)
+    table.add_column("talent", no_wrap=True)  # ids whole: they are what commands take
+    for name in ("name", "roles", "summary"):
+        table.add_column(name, overflow="fold")
+    for talent in reply.talents:
+        mark = [Text("yes", style="green") if talent.id in active else Text("no")]
+        row = [talent.id, talent.name, ", ".join(talent.roles), talent.summary]
+        table.add_row(*(mark if project else []), *row)
+    return table
