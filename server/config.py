@@ -49,8 +49,10 @@ class ContextSettings:
     # A query word found in more facts of the scope than this is too common to rank by.
     text_term_max_facts: int = 1024
     exact_top_n: int = 10
-    # Nearest events packed into what remains after the facts.
+    # Nearest events packed into what remains after the facts; an event that is the source of
+    # an included fact is left out (its fact already carries it) unless this is off.
     episode_top_k: int = 24
+    skip_served_episodes: bool = True
     recall_max_distance: float = 0.0
     weight_similarity: float = 0.6
     weight_text_rank: float = 0.25
@@ -224,6 +226,9 @@ def _read(cls: type, env: dict[str, str], prefix: str, skip: set[str] = frozense
     return values
 
 
+BOOLEANS = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+
+
 def _convert(name: str, raw: str, type_name: str) -> Any:
     type_name = type_name.removesuffix(" | None")
     try:
@@ -233,6 +238,11 @@ def _convert(name: str, raw: str, type_name: str) -> Any:
             return float(raw)
         if "Path" in type_name:
             return Path(raw).expanduser()
+        if type_name == "bool":
+            word = raw.strip().lower()
+            if word not in BOOLEANS:
+                raise ValueError(f"{word} is not one of {', '.join(BOOLEANS)}")
+            return BOOLEANS[word]
     except ValueError as exc:
         raise ConfigError(f"{name}={raw!r} is not a valid {type_name}") from exc
     return raw

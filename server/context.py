@@ -3,7 +3,8 @@
 `assemble` is the only path: StreamContext forwards each item as it comes, AssembleContext
 collects them. Order of work: embed the query; fetch scored fact candidates (two-phase) and
 pack them; if budget remains, one multi-hop pass over entities of the retained facts (full-text
-only, never gated); then the nearest episodes into what remains; persist the trace; the packet.
+only, never gated); then the nearest episodes into what remains (but the events the included
+facts come from); persist the trace; the packet.
 """
 
 from __future__ import annotations
@@ -139,6 +140,16 @@ def _served_fact(row: dict[str, Any]) -> ServedFact:
     )
 
 
+def _served_sources(packer: Packer, fact_rows: dict[str, dict[str, Any]]) -> set[str]:
+    """The events that included facts were drawn from (their episodes would say it twice)."""
+    return {
+        str(event_id)
+        for c in packer.included
+        if c.kind == FACT
+        for event_id in fact_rows[c.id]["source_event_ids"]
+    }
+
+
 def _trace_row(decision: Decision) -> tuple[Any, ...]:
     c = decision.candidate
     return (
@@ -211,7 +222,9 @@ async def assemble(
         mark = timer.add("pack", mark)
 
     episode_rows = {str(r["id"]): r for r in episodes}
-    for decision in packer.pack([_episode_candidate(r, cfg) for r in episodes]):
+    served = _served_sources(packer, rows_by_id) if cfg.skip_served_episodes else set()
+    episode_candidates = [_episode_candidate(r, cfg) for r in episodes]
+    for decision in packer.pack(episode_candidates, already_served=served):
         yield decision
     timer.add("pack", mark)
 

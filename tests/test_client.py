@@ -176,6 +176,7 @@ def sync_session(address: str, project_id: str) -> dict[str, object]:
             statement="Bo likes green tea",
             source_event_ids=[event.id],
         ).fact
+        later = client.record_event(project_id, SUBJECT, "note", {"text": "Bo brews it at 5"})
         seen["events"] = [e.id for e in client.iter_events(project_id, SUBJECT)]
         seen["facts"] = [f.id for f in client.iter_facts(project_id, SUBJECT)]
         reply = client.assemble_context(project_id, SUBJECT, "What does Bo drink?")
@@ -191,15 +192,17 @@ def sync_session(address: str, project_id: str) -> dict[str, object]:
         seen["doctor"] = list(client.diagnose_project(project_id).findings)
         seen["fact"] = fact.id
         seen["event"] = event.id
+        seen["later"] = later.event.id
     return seen
 
 
 async def test_sync_client_against_the_real_server(address: str, project_id: str) -> None:
     seen = await asyncio.to_thread(sync_session, address, project_id)
     assert seen["health"] == "SERVING"
-    assert seen["events"] == [seen["event"]] and seen["facts"] == [seen["fact"]]
-    assert seen["packet_facts"] == [seen["fact"]] and seen["episodes"] == [seen["event"]]
-    assert seen["stream_last"] == "packet" and seen["trace_len"] == seen["stream_len"] == 2
+    assert seen["events"] == [seen["later"], seen["event"]] and seen["facts"] == [seen["fact"]]
+    # The fact's own event is left out (source_already_served); the other one is served.
+    assert seen["packet_facts"] == [seen["fact"]] and seen["episodes"] == [seen["later"]]
+    assert seen["stream_last"] == "packet" and seen["trace_len"] == seen["stream_len"] == 3
     assert seen["calls"] == 2 and seen["doctor"] == []
 
 

@@ -327,6 +327,37 @@ async def test_episodes_fill_the_remaining_budget_after_facts(
     assert episode_reasons == {"relevance", "over_budget"}
 
 
+async def test_an_episode_whose_fact_is_served_is_left_out(
+    channel: grpc.aio.Channel, project_id: str, start_server
+) -> None:
+    said = "I finally moved to Lisbon, the light here is amazing"
+    other = "Lisbon trams are always full in the morning"
+    events = []
+    for text in (said, other):
+        reply = await memory_stub(channel).RecordEvent(
+            event_request(project_id, payload={"speaker": "Caroline", "text": text})
+        )
+        events.append(reply.event.id)
+    (fact_id,) = await assert_facts(
+        channel, project_id, ["Caroline moved to Lisbon"], source_event_ids=[events[0]]
+    )
+    query = "Where did Caroline move to?"
+
+    reply = await assemble(channel, project_id, query)
+    assert [f.id for f in reply.packet.facts] == [fact_id]
+    assert [e.event_id for e in reply.packet.episodes] == [events[1]]
+    trace = await trace_of(channel, project_id, reply.trace_id)
+    (left_out,) = [d for d in trace.decisions if d.candidate_id == events[0]]
+    assert (left_out.outcome, left_out.reason_code) == (
+        pb.DECISION_OUTCOME_EXCLUDED,
+        "source_already_served",
+    )
+
+    async with start_server(skip_served_episodes=False) as unfiltered:
+        reply = await assemble(unfiltered, project_id, query)
+    assert {e.event_id for e in reply.packet.episodes} == set(events)
+
+
 async def test_relevance_floor_gates_before_packing_and_reports_no_relevant_memory(
     project_id: str, start_server, channel: grpc.aio.Channel
 ) -> None:

@@ -8,7 +8,7 @@ stream it while packing continues.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,6 +29,7 @@ OVER_BUDGET: Final = "over_budget"
 BELOW_RELEVANCE_FLOOR: Final = "below_relevance_floor"
 CONFLICT_OPEN: Final = "conflict_open"
 VOLATILITY_EXPIRED: Final = "volatility_expired"
+SOURCE_ALREADY_SERVED: Final = "source_already_served"
 REASON_CODES: Final = (
     RELEVANCE,
     MULTI_HOP_EXPANSION,
@@ -36,6 +37,7 @@ REASON_CODES: Final = (
     BELOW_RELEVANCE_FLOOR,
     CONFLICT_OPEN,
     VOLATILITY_EXPIRED,
+    SOURCE_ALREADY_SERVED,
 )
 
 HIDDEN_OUTCOMES: Final[dict[str, str]] = {CONFLICT_OPEN: BLOCKED, VOLATILITY_EXPIRED: EXCLUDED}
@@ -231,20 +233,34 @@ class Packer:
         *,
         gated: bool = True,
         reason: str = RELEVANCE,
+        already_served: Collection[str] = (),
     ) -> Iterator[Decision]:
         """Pack candidates by descending score (ties by id) into the remaining budget.
 
-        Order of decisions: hidden candidates (as `block`), then, when `gated` and the floor is
-        on, floor exclusions (`below_relevance_floor`), then inclusions with `reason` or
-        `over_budget` exclusions; a candidate too large is skipped and packing continues.
-        `reason` is `relevance` (main pass) or `multi_hop_expansion`.
+        Order of decisions: hidden candidates (as `block`), then those whose id is in
+        `already_served` (what the packet already carries, e.g. an episode whose event is the
+        source of an included fact: `excluded`, `source_already_served`), then, when `gated`
+        and the floor is on, floor exclusions (`below_relevance_floor`), then inclusions with
+        `reason` or `over_budget` exclusions; a candidate too large is skipped and packing
+        continues. `reason` is `relevance` (main pass) or `multi_hop_expansion`.
         """
         if reason not in (RELEVANCE, MULTI_HOP_EXPANSION):
             raise ValueError(f"not an inclusion reason: {reason!r}")
-        return self._pack(_ranked(candidates), gated=gated, reason=reason)
+        ranked = _ranked(candidates)
+        return self._pack(ranked, gated=gated, reason=reason, already_served=already_served)
 
-    def _pack(self, ranked: list[Candidate], *, gated: bool, reason: str) -> Iterator[Decision]:
+    def _pack(
+        self,
+        ranked: list[Candidate],
+        *,
+        gated: bool,
+        reason: str,
+        already_served: Collection[str],
+    ) -> Iterator[Decision]:
         yield from self.block(ranked)
+        for candidate in ranked:
+            if candidate.id in already_served and not self._is_decided(candidate):
+                yield self._decide(candidate, EXCLUDED, SOURCE_ALREADY_SERVED)
         if gated:
             for candidate in ranked:
                 if not self._is_decided(candidate) and self._below_floor(candidate):

@@ -19,6 +19,7 @@ from satchel.server.domain.packing import (
     MULTI_HOP_EXPANSION,
     OVER_BUDGET,
     RELEVANCE,
+    SOURCE_ALREADY_SERVED,
     VOLATILITY_EXPIRED,
     Candidate,
     Decision,
@@ -303,6 +304,27 @@ def test_facts_then_multi_hop_then_episodes_share_one_budget() -> None:
     assert [d.sequence for d in facts + hops + episodes] == [1, 2, 3, 4, 5, 6]
     assert packer.used == 100
     assert [c.id for c in packer.included] == ["f1", "f2", "f3", "e2"]
+
+
+def test_episodes_already_served_are_excluded_first_without_spending_budget() -> None:
+    packer = Packer(20, max_distance=0.5)
+    list(packer.pack([cand("f1", tokens=10)]))
+    episodes = [
+        cand("e1", tokens=5, score=0.9, kind=EPISODE),
+        cand("e2", tokens=5, score=0.8, kind=EPISODE, similarity=0.1),  # below the floor
+        cand("e3", tokens=5, score=0.7, kind=EPISODE),
+        cand("e4", tokens=5, score=0.6, kind=EPISODE),
+        cand("e5", tokens=5, score=0.5, kind=EPISODE),
+    ]
+    decisions = list(packer.pack(episodes, already_served={"e3", "e2", "f1"}))
+    assert summary(decisions) == [
+        ("e2", EXCLUDED, SOURCE_ALREADY_SERVED),  # served elsewhere: before the floor
+        ("e3", EXCLUDED, SOURCE_ALREADY_SERVED),
+        ("e1", INCLUDED, RELEVANCE),
+        ("e4", INCLUDED, RELEVANCE),  # the room e3 would have taken
+        ("e5", EXCLUDED, OVER_BUDGET),
+    ]
+    assert packer.used == 20 and packer.gated_out == 0
 
 
 # --- hard filters and status ------------------------------------------------------------
