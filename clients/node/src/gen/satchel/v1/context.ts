@@ -194,8 +194,9 @@ export interface Decision {
   candidateKind: CandidateKind;
   outcome: DecisionOutcome;
   /**
-   * included | relevance | multi_hop_expansion | over_budget | below_relevance_floor |
-   * conflict_open | volatility_expired.
+   * relevance | multi_hop_expansion (included); over_budget | below_relevance_floor |
+   * volatility_expired | source_already_served (excluded); conflict_open (blocked).
+   * source_already_served: an episode whose event is the source of an included fact.
    */
   reasonCode: string;
   score: number;
