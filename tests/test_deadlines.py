@@ -83,6 +83,13 @@ async def _blocked_call_gives_up(
     return took
 
 
+async def _context_calls(pg_dsn: str, project_id: str) -> int:
+    """How many context calls of the project were persisted."""
+    return await _count(
+        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
+    )
+
+
 async def test_a_unary_context_call_past_its_deadline_stops_its_statement(
     channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
 ) -> None:
@@ -95,9 +102,7 @@ async def test_a_unary_context_call_past_its_deadline_stops_its_statement(
         pg_dsn, server, "context_calls", lambda: stub.AssembleContext(request, timeout=3)
     )
     assert took < 8
-    rows = await _count(
-        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
-    )
+    rows = await _context_calls(pg_dsn, project_id)
     assert rows == 0, "a call past its deadline persists nothing"
     reply = await stub.AssembleContext(request, timeout=30)
     assert reply.packet.facts, "the server still serves afterwards"
@@ -133,9 +138,7 @@ async def test_a_unary_context_call_cancelled_by_its_client_stops_its_statement(
         assert await poll(not_inserting), "the statement kept waiting after the cancel"
         await locker.rollback()
     assert await poll(lambda: _pool_idle(server)), "the cancelled call kept its pooled connection"
-    rows = await _count(
-        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
-    )
+    rows = await _context_calls(pg_dsn, project_id)
     assert rows == 0, "a cancelled call persists nothing"
     reply = await stub.AssembleContext(request, timeout=30)
     assert reply.packet.facts, "the server still serves afterwards"
@@ -159,9 +162,7 @@ async def test_a_context_stream_past_its_deadline_stops_its_statement(
     assert took < 8
     kinds = {m.WhichOneof("event") for m in received}
     assert kinds == {"decision"}, f"the stream was cut while persisting its trace: {kinds}"
-    rows = await _count(
-        pg_dsn, "SELECT count(*) FROM context_calls WHERE project_id = %s", project_id
-    )
+    rows = await _context_calls(pg_dsn, project_id)
     assert rows == 0, "a stream past its deadline persists nothing"
     replies = [m async for m in stub.StreamContext(request, timeout=30)]
     assert replies[-1].packet.facts, "the server still serves afterwards"
