@@ -83,6 +83,14 @@ async def _blocked_call_gives_up(
     return took
 
 
+async def _context_stub_with_a_fact(
+    channel: grpc.aio.Channel, project_id: str
+) -> context_pb2_grpc.ContextServiceStub:
+    """A context stub, once the scope holds the fact every deadline test asks about."""
+    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
+    return context_pb2_grpc.ContextServiceStub(channel)
+
+
 async def _context_calls(pg_dsn: str, project_id: str) -> int:
     """How many context calls of the project were persisted."""
     return await _count(
@@ -93,8 +101,7 @@ async def _context_calls(pg_dsn: str, project_id: str) -> int:
 async def test_a_unary_context_call_past_its_deadline_stops_its_statement(
     channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
 ) -> None:
-    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
-    stub = context_pb2_grpc.ContextServiceStub(channel)
+    stub = await _context_stub_with_a_fact(channel, project_id)
     request = context_pb2.AssembleContextRequest(
         project_id=project_id, subject_id=SUBJECT, query="Does Caroline sing?"
     )
@@ -111,8 +118,7 @@ async def test_a_unary_context_call_past_its_deadline_stops_its_statement(
 async def test_a_unary_context_call_cancelled_by_its_client_stops_its_statement(
     channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
 ) -> None:
-    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
-    stub = context_pb2_grpc.ContextServiceStub(channel)
+    stub = await _context_stub_with_a_fact(channel, project_id)
     request = context_pb2.AssembleContextRequest(
         project_id=project_id, subject_id=SUBJECT, query="Does Caroline sing?"
     )
@@ -147,8 +153,7 @@ async def test_a_unary_context_call_cancelled_by_its_client_stops_its_statement(
 async def test_a_context_stream_past_its_deadline_stops_its_statement(
     channel: grpc.aio.Channel, server: Any, pg_dsn: str, project_id: str
 ) -> None:
-    await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline sings"))
-    stub = context_pb2_grpc.ContextServiceStub(channel)
+    stub = await _context_stub_with_a_fact(channel, project_id)
     request = context_pb2.StreamContextRequest(
         project_id=project_id, subject_id=SUBJECT, query="Does Caroline sing?"
     )
