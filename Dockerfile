@@ -4,12 +4,13 @@
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY satchel ./satchel
 COPY client ./client
 COPY server ./server
 COPY migrations ./migrations
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# Every dependency at the version the tests ran with (constraints.txt, from scripts/lock).
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt .
 
 FROM python:3.11-slim-bookworm
 RUN useradd --create-home --uid 10001 satchel \

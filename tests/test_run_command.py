@@ -84,10 +84,12 @@ def listed_services(address: str) -> set[str]:
 
 def test_scripts_run_serves_runs_the_demo_and_stops_cleanly_on_sigterm(test_root: Path) -> None:
     stamp = ROOT / ".venv" / ".satchel-installed"
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    pinned = (ROOT / "pyproject.toml").read_bytes() + (ROOT / "constraints.txt").read_bytes()
+    wanted = hashlib.sha256(pinned).hexdigest()  # as scripts/setup stamps it
     # scripts/setup would reinstall satchel into the .venv this test runs from: not mid-suite.
     assert stamp.exists() and stamp.read_text().strip() == wanted, (
-        ".venv is not up to date with pyproject.toml: run scripts/setup (or scripts/test) first"
+        ".venv is not up to date with pyproject.toml and constraints.txt:"
+        " run scripts/setup (or scripts/test) first"
     )
     data_dir = Path(tempfile.mkdtemp(prefix="run-command-", dir=test_root))
     tmp_dir = data_dir / "tmp"  # where scripts/run puts (and removes) the server's log

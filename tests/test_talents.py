@@ -293,33 +293,43 @@ async def test_relevance_off_serves_every_active_talent_of_the_role_ordered_by_t
 # --- relevance on -----------------------------------------------------------------------------
 
 
+def margin_keeping_top(selection: talent_pb2.TalentSelection, count: int) -> float:
+    """A margin whose cut keeps exactly the `count` best-scored talents of a wide selection:
+    halfway between the count-th and the next score, so no model drift sits on its edge."""
+    scores = sorted((t.score for t in (*selection.selected, *selection.excluded)), reverse=True)
+    assert scores[count - 1] - scores[count] > 0.01, scores
+    return scores[0] - (scores[count - 1] + scores[count]) / 2
+
+
 async def test_seed_example_closure_readds_hard_requirements(
     channel: grpc.aio.Channel, project_id: str
 ) -> None:
-    """hexagonal and use-case pass the cut; its three other hard requirements come back by the
-    closure (exempt from margin); the unrelated low-score talents stay out."""
+    """The cut keeps the two best talents, hexagonal among them; its other hard requirements
+    come back by the closure (exempt from margin); the other low-score talents stay out."""
     talents = stub(channel)
     ids = await seed_catalogue(channel, project_id)
-    selection = await resolve(talents, project_id, SEED_TASK, margin=0.3)
+    wide = await resolve(talents, project_id, SEED_TASK, margin=10.0)
+    margin = margin_keeping_top(wide, 2)
+    selection = await resolve(talents, project_id, SEED_TASK, margin=margin)
     why = reasons(selection)
-    assert why[ids["hexagonal"]] == "relevance"
-    assert why[ids["use-case"]] == "relevance"
-    for short in ("dependency-rule", "port-adapter", "value-object"):
-        assert why[ids[short]] == "requires_closure", short
-    for short in ("css", "sql", "testing"):  # css is recommended by hexagonal: still cut
-        assert why[ids[short]] == "below_margin", short
+    kept = [t.talent_id for t in selection.selected if t.reason == "relevance"]
+    assert len(kept) == 2 and ids["hexagonal"] in kept, why
+    required = [ids[k] for k in ("dependency-rule", "use-case", "port-adapter", "value-object")]
+    readded = [i for i in required if i not in kept]
+    assert len(readded) >= 3
+    for talent_id in readded:
+        assert why[talent_id] == "requires_closure", talent_id
+    for talent_id in set(ids.values()) - {*kept, *readded}:  # css is recommended: still cut
+        assert why[talent_id] == "below_margin", talent_id
     selected = {t.talent_id: t for t in selection.selected}
     top = selection.selected[0].score
-    for short in ("dependency-rule", "port-adapter", "value-object"):
-        readded = selected[ids[short]]
-        assert readded.required_by == ids["hexagonal"]
-        assert readded.score < top - 0.3  # the cut alone would have dropped it
+    for talent_id in readded:
+        assert selected[talent_id].required_by == ids["hexagonal"]
+        assert selected[talent_id].score < top - margin  # the cut alone would have dropped it
     # Kept talents first by score, then the closure in hexagonal's declared order.
     assert [t.talent_id for t in selection.selected] == [
-        *sorted((ids["hexagonal"], ids["use-case"]), key=lambda i: -selected[i].score),
-        ids["dependency-rule"],
-        ids["port-adapter"],
-        ids["value-object"],
+        *sorted(kept, key=lambda i: -selected[i].score),
+        *readded,
     ]
     assert not selection.out_of_domain
     compiled = selection.compiled
@@ -476,10 +486,17 @@ async def test_per_request_overrides_and_the_score_formula(
     def cut(selection: talent_pb2.TalentSelection) -> list[str]:
         return [t.talent_id for t in selection.selected if t.reason == "relevance"]
 
+    # The default cut is the margin rule applied to the scores: every talent within MARGIN of
+    # the best, best first (the scores come from an uncut selection with the same floor and beta).
+    uncut = await resolve(talents, project_id, SEED_TASK, margin=10.0)
+    ranked = sorted(
+        (t for t in (*uncut.selected, *uncut.excluded) if t.reason != "not_active"),
+        key=lambda t: -t.score,
+    )
+    assert cut(default) == [t.talent_id for t in ranked if t.score >= ranked[0].score - margin]
     narrow = await resolve(talents, project_id, SEED_TASK, margin=0.0)
     assert narrow.params.margin == 0.0
-    assert cut(narrow) == cut(default)[:1]
-    assert len(cut(default)) == 2
+    assert cut(narrow) == cut(default)[:1] == [ranked[0].talent_id]
 
     gated = await resolve(talents, project_id, "Sourdough starter feeding schedule", floor=1.0)
     assert gated.out_of_domain and gated.params.floor == 1.0

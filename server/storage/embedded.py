@@ -38,6 +38,20 @@ def _configure(dsn: str) -> bool:
     return changed
 
 
+def _signal_of(err: BaseException) -> int | None:
+    """The signal a PostgreSQL command died of, if `err` is (or was raised while handling) that.
+
+    When `pg_ctl start` dies before writing its log, pgserver's error handler fails to read the
+    missing `pg/log` and raises `FileNotFoundError` from within the `CalledProcessError`.
+    """
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, subprocess.CalledProcessError):
+            return -seen.returncode if seen.returncode < 0 else None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def retry_signal_deaths(run: Callable[[], T], attempts: int = SIGNAL_ATTEMPTS) -> T:
     """Run a call that forks a PostgreSQL command, again when the command died of a signal.
 
@@ -49,10 +63,11 @@ def retry_signal_deaths(run: Callable[[], T], attempts: int = SIGNAL_ATTEMPTS) -
     for attempt in range(1, attempts + 1):
         try:
             return run()
-        except subprocess.CalledProcessError as err:
-            if err.returncode >= 0 or attempt == attempts:
+        except (subprocess.CalledProcessError, FileNotFoundError) as err:
+            signal = _signal_of(err)
+            if signal is None or attempt == attempts:
                 raise
-            log.warning("postgres_command_killed", signal=-err.returncode, attempt=attempt)
+            log.warning("postgres_command_killed", signal=signal, attempt=attempt)
             time.sleep(0.2 * attempt)
     raise AssertionError("unreachable")
 
