@@ -7,8 +7,9 @@ with a message naming the variable.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,42 @@ class ContextSettings:
     episode_top_k: int = 24
     skip_served_episodes: bool = True
     recall_max_distance: float = 0.0
-    weight_similarity: float = 0.6
-    weight_text_rank: float = 0.25
-    weight_recency: float = 0.15
+    # How facts and episodes are ranked (README "Context assembly"): `hybrid` ranks both in one
+    # list on cosine + BM25 (stemmed, IDF-weighted), recency a tie-breaker, each episode lifted
+    # by its conversation neighbours; `seed` is the seed's design (ts_rank_cd, facts first, then
+    # episodes on cosine only). Unset weights take the ranking's defaults (RANKING_WEIGHTS).
+    ranking: str = "hybrid"
+    weight_similarity: float | None = None
+    weight_text_rank: float | None = None
+    weight_recency: float | None = None
     recency_tau_days: float = 30.0
+    # Hybrid episodes: phase 1 takes this many events per source (nearest, best BM25); an
+    # event's score is at least CONTEXT_WEIGHT x its best neighbour's + the rest x its own, its
+    # neighbours being the events just before and after it within CONTEXT_GAP_SECONDS.
+    episode_pool: int = 48
+    episode_context_weight: float = 0.6
+    episode_context_gap_seconds: float = 3600.0
     multi_hop_max_entities: int = 2
     multi_hop_max_per_entity: int = 5
     # WatchTraces: calls queued per watcher before whole calls are dropped for it.
     watch_queue_traces: int = 64
+
+    def with_ranking(self, ranking: str) -> ContextSettings:
+        """These settings under another ranking, with that ranking's default weights."""
+        return replace(self, ranking=ranking, **dict.fromkeys(WEIGHT_FIELDS))
+
+    def __post_init__(self) -> None:
+        defaults = RANKING_WEIGHTS.get(self.ranking, RANKING_WEIGHTS["hybrid"])
+        for name, value in zip(WEIGHT_FIELDS, defaults, strict=True):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+
+
+WEIGHT_FIELDS = ("weight_similarity", "weight_text_rank", "weight_recency")
+RANKING_WEIGHTS: dict[str, tuple[float, float, float]] = {
+    "hybrid": (0.7, 0.3, 0.02),  # measured on LoCoMo (benchmarks/locomo.md)
+    "seed": (0.6, 0.25, 0.15),  # the seed's formula
+}
 
 
 @dataclass(frozen=True)
@@ -148,6 +177,23 @@ class Settings:
             (c.episode_top_k >= 0, "SATCHEL_EPISODE_TOP_K must not be negative"),
             (0.0 <= c.recall_max_distance <= 2.0, "SATCHEL_RECALL_MAX_DISTANCE must be in [0, 2]"),
             (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),
+            (c.ranking in RANKING_WEIGHTS, "SATCHEL_RANKING is hybrid|seed"),
+            *(
+                (
+                    math.isfinite(getattr(c, name)) and getattr(c, name) >= 0,
+                    f"SATCHEL_{name.upper()} must be a finite number >= 0",
+                )
+                for name in WEIGHT_FIELDS
+            ),
+            (c.episode_pool >= 1, "SATCHEL_EPISODE_POOL must be positive"),
+            (
+                0.0 <= c.episode_context_weight <= 1.0,
+                "SATCHEL_EPISODE_CONTEXT_WEIGHT must be in [0, 1]",
+            ),
+            (
+                0.0 <= c.episode_context_gap_seconds < 1e9,
+                "SATCHEL_EPISODE_CONTEXT_GAP_SECONDS must be in [0, 1e9)",
+            ),
             (t.relevance in ("off", "embeddings"), "SATCHEL_TALENT_RELEVANCE is off|embeddings"),
             (t.budget_tokens > 0, "SATCHEL_TALENT_BUDGET_TOKENS must be positive"),
             (t.beta is None or t.beta >= 0, "SATCHEL_TALENT_BETA must not be negative"),

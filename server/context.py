@@ -1,10 +1,12 @@
 """Context assembly: one routine that yields every decision as it is made, then the packet.
 
 `assemble` is the only path: StreamContext forwards each item as it comes, AssembleContext
-collects them. Order of work: embed the query; fetch scored fact candidates (two-phase) and
-pack them; if budget remains, one multi-hop pass over entities of the retained facts (full-text
-only, never gated); then the nearest episodes into what remains (but the events the included
-facts come from); persist the trace; the packet.
+collects them. Order of work: embed the query (while
+the searched words are looked up); fetch scored fact candidates (two-phase) and episodes; pack
+(hybrid ranking: facts and episodes in one list; seed: the facts); if budget remains, one
+multi-hop pass over entities of the retained facts (full-text only, never gated); seed only:
+the episodes into what remains; persist the trace; the packet. What the packet already says is
+left out (`source_already_served`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from satchel.server.domain.packing import (
     EPISODE,
     FACT,
     MULTI_HOP_EXPANSION,
+    SOURCE_FACTS_HIDDEN,
     VOLATILITY_EXPIRED,
     Candidate,
     Decision,
@@ -112,19 +115,20 @@ def _fact_candidate(row: dict[str, Any]) -> Candidate:
         recency=float(row["recency"]),
         score=float(row["score"]),
         blocked_reason=blocked,
+        sources=frozenset(str(e) for e in row["source_event_ids"]),
     )
 
 
-def _episode_candidate(row: dict[str, Any], weights: Any) -> Candidate:
-    similarity, recency = float(row["similarity"]), float(row["recency"])
+def _episode_candidate(row: dict[str, Any]) -> Candidate:
     return Candidate(
         id=str(row["id"]),
         kind=EPISODE,
         text=excerpt(row["text"], EPISODE_EXCERPT_CHARS),
-        similarity=similarity,
-        text_rank=0.0,
-        recency=recency,
-        score=weights.weight_similarity * similarity + weights.weight_recency * recency,
+        similarity=float(row["similarity"]),
+        text_rank=float(row["text_rank"]),
+        recency=float(row["recency"]),
+        score=float(row["score"]),
+        blocked_reason=SOURCE_FACTS_HIDDEN if row["source_facts_hidden"] else None,
     )
 
 
@@ -138,16 +142,6 @@ def _served_fact(row: dict[str, Any]) -> ServedFact:
         valid_from=row["valid_from"],
         source_event_ids=[str(e) for e in row["source_event_ids"]],
     )
-
-
-def _served_sources(packer: Packer, fact_rows: dict[str, dict[str, Any]]) -> set[str]:
-    """The events that included facts were drawn from (their episodes would say it twice)."""
-    return {
-        str(event_id)
-        for c in packer.included
-        if c.kind == FACT
-        for event_id in fact_rows[c.id]["source_event_ids"]
-    }
 
 
 def _trace_row(decision: Decision) -> tuple[Any, ...]:
@@ -200,33 +194,42 @@ async def assemble(
     packer = Packer(request.budget_tokens, max_distance=cfg.recall_max_distance)
     rows, episodes = await asyncio.gather(
         fetch(store.fetch_fact_candidates, scope, vector, cfg, plan),
-        fetch(store.fetch_episodes, scope, vector, cfg),
+        fetch(store.fetch_episodes, scope, vector, cfg, plan),
     )
     mark = timer.add("retrieve", mark)
     rows_by_id = {str(r["id"]): r for r in rows}
-    for decision in packer.pack([_fact_candidate(r) for r in rows]):
+    episode_rows = {str(r["id"]): r for r in episodes}
+    fact_candidates = [_fact_candidate(r) for r in rows]
+    episode_candidates = [_episode_candidate(r) for r in episodes]
+    skip = cfg.skip_served_episodes
+    # Hybrid: facts and episodes in one ranked list; seed: facts, multi-hop, then episodes.
+    hybrid = cfg.ranking == "hybrid"
+    first = fact_candidates + episode_candidates if hybrid else fact_candidates
+    for decision in packer.pack(first, skip_served=skip):
         yield decision
     mark = timer.add("pack", mark)
 
     retained = [c.text for c in packer.included if c.kind == FACT]
     entities = extract_entities(retained, request.query, cfg.multi_hop_max_entities)
     if packer.remaining > 0 and entities:
+        text_full = float(rows[0]["text_full"]) if rows else None
         hops = await fetch(
-            store.fetch_multi_hop, scope, vector, cfg, plan, entities, list(rows_by_id)
+            store.fetch_multi_hop, scope, vector, cfg, plan, entities, list(rows_by_id), text_full
         )
         mark = timer.add("retrieve", mark)
         rows_by_id.update((str(r["id"]), r) for r in hops)
         hop_candidates = [_fact_candidate(r) for r in hops]
-        for decision in packer.pack(hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION):
+        hop_pass = packer.pack(
+            hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION, skip_served=skip
+        )
+        for decision in hop_pass:
             yield decision
         mark = timer.add("pack", mark)
 
-    episode_rows = {str(r["id"]): r for r in episodes}
-    served = _served_sources(packer, rows_by_id) if cfg.skip_served_episodes else set()
-    episode_candidates = [_episode_candidate(r, cfg) for r in episodes]
-    for decision in packer.pack(episode_candidates, already_served=served):
-        yield decision
-    timer.add("pack", mark)
+    if not hybrid:
+        for decision in packer.pack(episode_candidates, skip_served=skip):
+            yield decision
+        timer.add("pack", mark)
 
     status, warnings = packet_status(packer.hidden_counts)
     facts = [_served_fact(rows_by_id[c.id]) for c in packer.included if c.kind == FACT]

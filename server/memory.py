@@ -141,6 +141,7 @@ async def record_events(runtime: Runtime, events: Sequence[NewEvent]) -> list[Wr
         for index, row in zip(to_insert, rows, strict=True):
             if row is not None:
                 results[index] = Written(row, True)
+        await store.count_lexemes(conn, "events", [w.row.id for w in results.values()])
     return _assemble(keys, existing, results, repeats)
 
 

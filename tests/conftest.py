@@ -81,6 +81,23 @@ async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
         yield chan
 
 
+@pytest.fixture(scope="session")
+async def seed_server(settings: Settings) -> AsyncIterator:
+    """A second server on the same database ranking as the seed does (SATCHEL_RANKING=seed)."""
+    from satchel.server.app import SatchelServer
+
+    srv = SatchelServer(replace(settings, context=settings.context.with_ranking("seed")))
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+@pytest.fixture
+async def seed_channel(seed_server) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{seed_server.port}") as chan:
+        yield chan
+
+
 @pytest.fixture
 def project_id() -> str:
     """A fresh project per test: tests never see each other's rows."""

@@ -78,8 +78,10 @@ def decisions_by_id(trace: pb.Trace) -> dict[str, pb.Decision]:
 
 
 async def test_packs_by_score_within_budget_and_traces_every_candidate(
-    channel: grpc.aio.Channel, project_id: str
+    seed_channel: grpc.aio.Channel, project_id: str
 ) -> None:
+    """The seed's formula (SATCHEL_RANKING=seed): 0.6 cosine + 0.25 text + 0.15 recency."""
+    channel = seed_channel
     ids = await assert_facts(channel, project_id, CAROLINE)
     reply = await assemble(
         channel, project_id, "Which city did Caroline move to?", budget_tokens=25
@@ -289,8 +291,10 @@ async def test_stream_sends_decisions_then_the_packet_equal_to_unary_and_trace(
 
 
 async def test_episodes_fill_the_remaining_budget_after_facts(
-    channel: grpc.aio.Channel, project_id: str
+    seed_channel: grpc.aio.Channel, project_id: str
 ) -> None:
+    """The seed's order (SATCHEL_RANKING=seed): facts first, then episodes on cosine only."""
+    channel = seed_channel
     fact_ids = await assert_facts(channel, project_id, CAROLINE[:2])
     texts = [
         "I finally moved to Lisbon, the light here is amazing",
@@ -321,10 +325,11 @@ async def test_episodes_fill_the_remaining_budget_after_facts(
     assert kinds.index(pb.CANDIDATE_KIND_EPISODE) > max(
         i for i, k in enumerate(kinds) if k == pb.CANDIDATE_KIND_FACT
     ), "episodes are packed after the facts"
-    episode_reasons = {
-        d.reason_code for d in trace.decisions if d.candidate_kind == pb.CANDIDATE_KIND_EPISODE
-    }
-    assert episode_reasons == {"relevance", "over_budget"}
+    episodes = [d for d in trace.decisions if d.candidate_kind == pb.CANDIDATE_KIND_EPISODE]
+    assert {d.reason_code for d in episodes} == {"relevance", "over_budget"}
+    for d in episodes:
+        assert d.text_rank == 0.0
+        assert abs(d.score - (0.6 * d.similarity + 0.15 * d.recency)) < 1e-9
 
 
 async def test_an_episode_whose_fact_is_served_is_left_out(

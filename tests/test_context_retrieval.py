@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
+import pytest
 from google.protobuf import timestamp_pb2
 from memory_helpers import fact_request
 from memory_helpers import stub as memory_stub
@@ -42,8 +43,9 @@ async def _assert_hobbies(channel: grpc.aio.Channel, requests: list) -> None:
     )
 
 
+@pytest.mark.parametrize("ranking", ["hybrid", "seed"])
 async def test_adaptive_two_phase_matches_the_exact_top_10(
-    channel: grpc.aio.Channel, project_id: str, server
+    channel: grpc.aio.Channel, project_id: str, server, ranking: str
 ) -> None:
     rng = random.Random(3)
     now = datetime.now(UTC)
@@ -62,7 +64,7 @@ async def test_adaptive_two_phase_matches_the_exact_top_10(
     runtime = server.runtime.value
     # Two phases for a scope of more than 16 facts, a window of 16 newest facts.
     cfg = replace(
-        runtime.settings.context,
+        runtime.settings.context.with_ranking(ranking),
         retrieval_top_k=8,
         exact_scope_max=16,
         newest_window=16,
@@ -114,8 +116,10 @@ async def test_a_scope_hnsw_cannot_reach_is_scored_exactly(
         ],
     )
     runtime = server.runtime.value
+    # The fallback is shared by both rankings; the seed's statement is the one whose plan the
+    # settings below force onto a short HNSW scan.
     cfg = replace(
-        runtime.settings.context,
+        runtime.settings.context.with_ranking("seed"),
         exact_scope_max=8,
         newest_window=8,
         newest_top_k=4,
@@ -157,10 +161,10 @@ async def test_searched_words_leave_out_words_too_common_in_the_scope(
     await memory_stub(channel).AssertFact(fact_request(project_id, statement="Caroline rests"))
     runtime = server.runtime.value
     scope = store.Scope(project_id, "user-1", datetime.now(UTC), historical=False)
-    cfg = replace(runtime.settings.context, text_term_max_facts=6)
+    cfg = replace(runtime.settings.context.with_ranking("seed"), text_term_max_facts=6)
     async with runtime.pool.connection() as conn:
-        # "caroline" is in 7 facts, "week" in 6, "melanie" in 1, "dogs" in none ("every" is a
-        # stop word).
+        # The seed's words: "caroline" is in 7 facts, "week" in 6, "melanie" in 1, "dogs" in
+        # none ("every" is a stop word).
         plan = await store.plan_query(
             conn, scope, "Does Caroline, Melanie walk dogs every week?", cfg
         )

@@ -189,7 +189,28 @@ def test_clock_end_moves_the_last_turn_to_now() -> None:
         harness.clock_shift(conversation, "later", now)
 
 
-async def _recount(channel: grpc.aio.Channel, project_id: str, record: dict) -> set[str]:
+async def _event_turns(
+    channel: grpc.aio.Channel, project_id: str, conversation: locomo.Conversation
+) -> dict[str, str]:
+    """Event id -> turn id, as the server knows them: recording each turn again with the
+    harness's idempotency key returns the stored event (the turn id is not in the payload)."""
+    memory = memory_pb2_grpc.MemoryServiceStub(channel)
+    requests = [
+        memory_pb2.RecordEventRequest(
+            project_id=project_id,
+            subject_id=conversation.sample_id,
+            kind=harness.EVENT_KIND,
+            idempotency_key=f"locomo:{conversation.sample_id}:{turn.dia_id}",
+        )
+        for turn in conversation.turns
+    ]
+    reply = await memory.BatchRecordEvents(memory_pb2.BatchRecordEventsRequest(requests=requests))
+    return {e.id: t.dia_id for e, t in zip(reply.events, conversation.turns, strict=True)}
+
+
+async def _recount(
+    channel: grpc.aio.Channel, project_id: str, record: dict, dia: dict[str, str]
+) -> set[str]:
     """The turns covered by a traced call, recomputed from the trace and the stored rows."""
     context = context_pb2_grpc.ContextServiceStub(channel)
     memory = memory_pb2_grpc.MemoryServiceStub(channel)
@@ -199,12 +220,6 @@ async def _recount(channel: grpc.aio.Channel, project_id: str, record: dict) -> 
         )
     ).trace
     included = [d for d in trace.decisions if d.outcome == context_pb2.DECISION_OUTCOME_INCLUDED]
-    events = await memory.ListEvents(
-        memory_pb2.ListEventsRequest(
-            project_id=project_id, subject_id=record["conversation"], page_size=1000
-        )
-    )
-    dia = {e.id: e.payload["dia_id"] for e in events.events}
     facts = await memory.ListFacts(
         memory_pb2.ListFactsRequest(
             project_id=project_id, subject_id=record["conversation"], page_size=1000
@@ -261,8 +276,15 @@ async def test_the_harness_on_a_slice_of_one_conversation(channel, embedder) -> 
     assert satchel["latency_p50_ms"] > 0 and satchel["latency_p95_ms"] >= satchel["latency_p50_ms"]
     assert set(report["recall_at_k"]["original"]) == {"vector", "bm25"}
     assert report["published"]["bm25_packed_900_tokens"] == 0.662
+    dia = await _event_turns(channel, run["project_id"], conversations[0])
+    events = await memory_pb2_grpc.MemoryServiceStub(channel).ListEvents(
+        memory_pb2.ListEventsRequest(project_id=run["project_id"], subject_id="conv-30")
+    )
+    assert events.events and set(dia) >= {e.id for e in events.events}
+    for event in events.events:  # bookkeeping ids stay out of what is embedded and served
+        assert "dia_id" not in event.text and "dia_id" not in event.payload
     for record in questions[:3]:
-        assert await _recount(channel, run["project_id"], record) == set(
+        assert await _recount(channel, run["project_id"], record, dia) == set(
             record["covered"]["satchel"]
         )
     text = render_text(report)

@@ -8,7 +8,7 @@ stream it while packing continues.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,6 +30,7 @@ BELOW_RELEVANCE_FLOOR: Final = "below_relevance_floor"
 CONFLICT_OPEN: Final = "conflict_open"
 VOLATILITY_EXPIRED: Final = "volatility_expired"
 SOURCE_ALREADY_SERVED: Final = "source_already_served"
+SOURCE_FACTS_HIDDEN: Final = "source_facts_hidden"
 REASON_CODES: Final = (
     RELEVANCE,
     MULTI_HOP_EXPANSION,
@@ -38,10 +39,17 @@ REASON_CODES: Final = (
     CONFLICT_OPEN,
     VOLATILITY_EXPIRED,
     SOURCE_ALREADY_SERVED,
+    SOURCE_FACTS_HIDDEN,
 )
 
-HIDDEN_OUTCOMES: Final[dict[str, str]] = {CONFLICT_OPEN: BLOCKED, VOLATILITY_EXPIRED: EXCLUDED}
-"""Outcome of a candidate hidden by a hard filter, by its `blocked_reason`."""
+HIDDEN_OUTCOMES: Final[dict[str, str]] = {
+    CONFLICT_OPEN: BLOCKED,
+    VOLATILITY_EXPIRED: EXCLUDED,
+    SOURCE_FACTS_HIDDEN: EXCLUDED,
+}
+"""Outcome of a candidate hidden by a hard filter, by its `blocked_reason`. An episode is
+`source_facts_hidden` when every fact drawn from its event is hidden (superseded, retired, no
+longer valid, expired or in an open conflict): serving it would bring back what they hid."""
 
 STATUS_OK: Final = "ok"
 STATUS_DEGRADED: Final = "degraded"
@@ -88,7 +96,8 @@ def hybrid_score(
 class Candidate:
     """A fact or an episode offered to the packer, with its rendered text and scores.
 
-    `blocked_reason` is set (`conflict_open` or `volatility_expired`) when a hard filter hides it.
+    `blocked_reason` is set (a key of `HIDDEN_OUTCOMES`) when a hard filter hides it. `sources`
+    are the events a fact was drawn from (empty for an episode, whose event is its `id`).
     """
 
     id: str
@@ -99,6 +108,7 @@ class Candidate:
     recency: float
     score: float
     blocked_reason: str | None = None
+    sources: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -156,6 +166,8 @@ class Packer:
         self._included: list[Candidate] = []
         self._hidden: dict[str, int] = {}
         self._gated_out = 0
+        self._served_episodes: set[str] = set()
+        self._served_fact_sources: set[str] = set()
 
     @property
     def budget_tokens(self) -> int:
@@ -233,34 +245,41 @@ class Packer:
         *,
         gated: bool = True,
         reason: str = RELEVANCE,
-        already_served: Collection[str] = (),
+        skip_served: bool = False,
     ) -> Iterator[Decision]:
         """Pack candidates by descending score (ties by id) into the remaining budget.
 
-        Order of decisions: hidden candidates (as `block`), then those whose id is in
-        `already_served` (what the packet already carries, e.g. an episode whose event is the
-        source of an included fact: `excluded`, `source_already_served`), then, when `gated`
-        and the floor is on, floor exclusions (`below_relevance_floor`), then inclusions with
-        `reason` or `over_budget` exclusions; a candidate too large is skipped and packing
-        continues. `reason` is `relevance` (main pass) or `multi_hop_expansion`.
+        Order of decisions: hidden candidates (as `block`), then, when `gated` and the floor is
+        on, floor exclusions (`below_relevance_floor`), then, in score order, inclusions with
+        `reason` or exclusions: `over_budget` (a candidate too large is skipped and packing
+        continues) or, with `skip_served`, `source_already_served` for what the packet already
+        says: an episode whose event an included fact was drawn from, or a fact every source
+        event of which is an included episode. Whichever of the two ranks higher is served.
+        `reason` is `relevance` (main pass) or `multi_hop_expansion`.
         """
         if reason not in (RELEVANCE, MULTI_HOP_EXPANSION):
             raise ValueError(f"not an inclusion reason: {reason!r}")
         ranked = _ranked(candidates)
-        return self._pack(ranked, gated=gated, reason=reason, already_served=already_served)
+        return self._pack(ranked, gated=gated, reason=reason, skip_served=skip_served)
+
+    def _already_served(self, candidate: Candidate) -> bool:
+        if candidate.kind == EPISODE:
+            return candidate.id in self._served_fact_sources
+        return bool(candidate.sources) and candidate.sources <= self._served_episodes
+
+    def _include(self, candidate: Candidate, reason: str) -> Decision:
+        self._used += candidate.tokens
+        self._included.append(candidate)
+        if candidate.kind == EPISODE:
+            self._served_episodes.add(candidate.id)
+        else:
+            self._served_fact_sources.update(candidate.sources)
+        return self._decide(candidate, INCLUDED, reason)
 
     def _pack(
-        self,
-        ranked: list[Candidate],
-        *,
-        gated: bool,
-        reason: str,
-        already_served: Collection[str],
+        self, ranked: list[Candidate], *, gated: bool, reason: str, skip_served: bool
     ) -> Iterator[Decision]:
         yield from self.block(ranked)
-        for candidate in ranked:
-            if candidate.id in already_served and not self._is_decided(candidate):
-                yield self._decide(candidate, EXCLUDED, SOURCE_ALREADY_SERVED)
         if gated:
             for candidate in ranked:
                 if not self._is_decided(candidate) and self._below_floor(candidate):
@@ -269,10 +288,10 @@ class Packer:
         for candidate in ranked:
             if self._is_decided(candidate):
                 continue
-            if candidate.tokens <= self.remaining:
-                self._used += candidate.tokens
-                self._included.append(candidate)
-                yield self._decide(candidate, INCLUDED, reason)
+            if skip_served and self._already_served(candidate):
+                yield self._decide(candidate, EXCLUDED, SOURCE_ALREADY_SERVED)
+            elif candidate.tokens <= self.remaining:
+                yield self._include(candidate, reason)
             else:
                 yield self._decide(candidate, EXCLUDED, OVER_BUDGET)
 

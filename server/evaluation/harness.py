@@ -1,7 +1,7 @@
 """The LoCoMo harness: load conversations through the public gRPC API, ask every question as a
 context call, measure evidence coverage, and compare with baselines packed into the same budget.
 
-Loading: each turn becomes an event (`conversation.message`, payload `{speaker, text, dia_id}`,
+Loading: each turn becomes an event (`conversation.message`, payload `{speaker, text}`,
 `occurred_at` from its session's date, turns 15 s apart) and each observation a fact whose
 statement is the observation and whose `source_event_ids` are its turns' events; one subject per
 conversation, one fresh project per run.
@@ -135,8 +135,9 @@ async def load_conversation(
     occurred: dict[str, datetime] = {}
     requests = []
     for turn in conversation.turns:
+        # The turn id is bookkeeping: kept out of the payload, so out of the served text.
         payload = struct_pb2.Struct()
-        payload.update({"speaker": turn.speaker, "text": turn.text, "dia_id": turn.dia_id})
+        payload.update({"speaker": turn.speaker, "text": turn.text})
         occurred[turn.dia_id] = turn.occurred_at + shift
         requests.append(
             memory_pb2.RecordEventRequest(
@@ -150,9 +151,10 @@ async def load_conversation(
         )
     for start in range(0, len(requests), LOAD_BATCH):
         batch = requests[start : start + LOAD_BATCH]
+        turns = conversation.turns[start : start + LOAD_BATCH]
         reply = await memory.BatchRecordEvents(memory_pb2.BatchRecordEventsRequest(requests=batch))
-        for request, event in zip(batch, reply.events, strict=True):
-            dia_id = request.payload["dia_id"]
+        for turn, event in zip(turns, reply.events, strict=True):
+            dia_id = turn.dia_id
             event_of_turn[dia_id] = event.id
             loaded.turn_of_event[event.id] = dia_id
             loaded.turn_text[dia_id] = event.text

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
 from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
-from satchel.server.domain.text_query import TS_RANK_UNIT, query_terms
+from satchel.server.domain.text_query import MAX_QUERY_TERMS, TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
 
 MULTI_HOP_SCAN_LIMIT = 256
@@ -44,10 +44,16 @@ class Scope:
 @dataclass(frozen=True)
 class QueryPlan:
     """What a context call knows before its query is embedded: the searched words, and the
-    scope's active facts (counted up to one more than `exact_scope_max`)."""
+    scope's active facts (counted up to one more than `exact_scope_max`).
+
+    Hybrid ranking only: `terms` are stemmed lexemes with their BM25 `idfs` and `avg_tokens`
+    the scope's average document length (facts and events alike).
+    """
 
     terms: list[str]
     scope_facts: int
+    idfs: list[float] = field(default_factory=list)
+    avg_tokens: float = 1.0
 
 
 # Facts visible at %(at)s. "now" uses the partial indexes on active facts; as_of reads history.
@@ -67,30 +73,86 @@ _FACTS_AS_OF = (
 # `since_epoch` is when its validity starts, in seconds (a stored column: migration 0007).
 _RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
 
+# The hard filters that hide a visible fact `f` at %(at)s.
+_EXPIRED = """(f.stale_after IS NOT NULL
+        AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s)"""
+_IN_OPEN_CONFLICT = """EXISTS (
+        SELECT 1 FROM conflict_members m JOIN conflict_sets c ON c.id = m.conflict_id
+        WHERE m.fact_id = f.id AND c.opened_at <= %(at)s
+          AND (c.status = 'open' OR c.resolved_at > %(at)s)
+    )"""
+
 # The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
 _SCORED_COLUMNS = f"""
     f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
     1 - (f.embedding <=> %(vector)s) AS similarity,
     {{text_rank}} AS text_rank,
     {_RECENCY} AS recency,
-    (f.stale_after IS NOT NULL
-        AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s) AS expired,
-    EXISTS (
-        SELECT 1 FROM conflict_members m JOIN conflict_sets c ON c.id = m.conflict_id
-        WHERE m.fact_id = f.id AND c.opened_at <= %(at)s
-          AND (c.status = 'open' OR c.resolved_at > %(at)s)
-    ) AS in_open_conflict
+    {_EXPIRED} AS expired,
+    {_IN_OPEN_CONFLICT} AS in_open_conflict
 """
 
-# The text query: any of the searched words (see `plan_query`), through websearch_to_tsquery,
-# which accepts any text. The text rank is ts_rank_cd divided by what a fact holding each
-# searched word once gets, capped at 1: it weighs on the cosine's scale.
-_TEXT_QUERY = "SELECT websearch_to_tsquery('simple', %(text_query)s) AS tsq"
-_TEXT_RANK = "least(1.0, ts_rank_cd(f.search_vector, q.tsq) / %(text_rank_full)s)"
-# ts_rank_cd is the costly part of scoring: it runs on matching facts only (it is 0 elsewhere),
-# and phase 2 reuses what the text source already computed.
-_SCORED_TEXT_RANK = f"CASE WHEN f.search_vector @@ q.tsq THEN {_TEXT_RANK} ELSE 0.0 END"
-_POOLED_TEXT_RANK = f"coalesce(pool.text_rank, {_SCORED_TEXT_RANK})"
+# Okapi BM25 (k1 = 1.2, b = 0.75) of a document `{d}` for the searched lexemes and their IDF:
+# the query's lexemes are marked (weight A) and kept alone, so only they are unnested. Inline
+# rather than a SQL function: a function call per document cost 5x more.
+_BM25 = """(
+    SELECT coalesce(sum(t.idf * cardinality(l.positions) * 2.2 / (cardinality(l.positions)
+        + 1.2 * (0.25 + 0.75 * {d}.lexeme_tokens / %(avg_tokens)s))), 0.0)
+    FROM unnest(ts_filter(setweight({d}.lexemes, 'A', %(terms)s::text[]), '{{a}}')) AS l
+    JOIN unnest(%(terms)s::text[], %(idfs)s::float8[]) AS t(term, idf) ON t.term = l.lexeme
+)"""
+
+
+@dataclass(frozen=True)
+class TextRank:
+    """How a ranking matches and ranks text: the query `q.tsq`, what a document `{d}` matches
+    it on, its raw rank, and the CTE `text_full` (what a raw rank is divided by, from the
+    matches `hits`). Every text rank is `least(1, raw / text_full)`, on the cosine's scale."""
+
+    query: str
+    match: str
+    raw: str
+    full: str
+
+
+TEXT_RANKS = {
+    # The seed: any searched word (see `plan_query`) through websearch_to_tsquery, which accepts
+    # any text; ts_rank_cd over the `simple` configuration, divided by what a fact holding each
+    # searched word once gets (0.1 per word).
+    "seed": TextRank(
+        query="SELECT websearch_to_tsquery('simple', %(text_query)s) AS tsq",
+        match="{d}.search_vector @@ q.tsq",
+        raw="ts_rank_cd({d}.search_vector, q.tsq)",
+        full="SELECT %(text_rank_full)s::float8 AS value",
+    ),
+    # Hybrid: any searched lexeme (stemmed in the query's language), Okapi BM25 with the scope's
+    # statistics (migration 0008), divided by the best BM25 among the visible documents of the
+    # same kind (facts, or events), so that the best match ranks 1.
+    "hybrid": TextRank(
+        query="SELECT satchel_any_lexeme(%(terms)s::text[]) AS tsq",
+        match="{d}.lexemes @@ q.tsq",
+        raw=_BM25,
+        full="SELECT greatest(coalesce(max(raw), 0.0), 1e-12) AS value FROM hits",
+    ),
+}
+# A statement that ranks a few facts only (multi-hop) takes the candidates' `text_full`.
+_GIVEN_TEXT_FULL = "SELECT %(text_rank_full)s::float8 AS value"
+_TEXT_FULL = "(SELECT value FROM text_full)"
+
+
+def _text_rank_of(text: TextRank, alias: str) -> str:
+    """The text rank of document `alias`: 0 unless it matches (the raw rank is the costly part
+    of scoring, so it runs on matching documents only)."""
+    raw = text.raw.format(d=alias)
+    return (
+        f"CASE WHEN {text.match.format(d=alias)}"
+        f" THEN least(1.0, {raw} / {_TEXT_FULL}) ELSE 0.0 END"
+    )
+
+
+# The text rank of a document `{d}` from the matches `hits` (raw ranks computed once).
+_HIT_TEXT_RANK = f"least(1.0, coalesce(hits.raw, 0.0) / {_TEXT_FULL})"
+
 
 _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
@@ -124,12 +186,17 @@ SELECT ARRAY(
 # reference ranking.
 _EXACT_SQL = """
 WITH q AS ({text_query}),
+hits AS (SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}),
+text_full AS ({text_full}),
 best AS (
-    SELECT f.id FROM facts f, q WHERE {visible}
-    ORDER BY {scored_fact_score} DESC, f.id LIMIT %(candidate_limit)s
+    SELECT id, text_rank FROM (
+        SELECT f.id, {hit_text_rank} AS text_rank, f.embedding, f.since_epoch
+        FROM facts f LEFT JOIN hits USING (id) WHERE {visible}
+    ) f
+    ORDER BY {ranked_fact_score} DESC, id LIMIT %(candidate_limit)s
 ),
-scored AS (SELECT {columns} FROM facts f JOIN best USING (id), q)
-SELECT *, {score} AS score FROM scored ORDER BY score DESC, id
+scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
+SELECT *, {score} AS score, {text_full_value} AS text_full FROM scored ORDER BY score DESC, id
 """
 
 # Two-phase retrieval. Phase 1 has three sources, each returning what bounds the score of a
@@ -140,6 +207,8 @@ SELECT *, {score} AS score FROM scored ORDER BY score DESC, id
 # and reports those bounds on every row.
 _CANDIDATES_SQL = """
 WITH q AS ({text_query}),
+hits AS (SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}),
+text_full AS ({text_full}),
 newest AS (
     SELECT f.id, f.since_epoch,
         %(w_similarity)s * (1 - (f.embedding <=> %(vector)s)) + %(w_recency)s * {recency}
@@ -155,11 +224,8 @@ by_vector AS (
     ORDER BY f.embedding <=> %(vector)s LIMIT %(top_k)s
 ),
 by_text AS (
-    SELECT id, least(1.0, raw_rank / %(text_rank_full)s) AS rank FROM (
-        SELECT f.id, ts_rank_cd(f.search_vector, q.tsq) AS raw_rank FROM facts f, q
-        WHERE {visible} AND f.search_vector @@ q.tsq
-        ORDER BY raw_rank DESC LIMIT %(top_k)s
-    ) matches
+    SELECT id, least(1.0, raw / {text_full_value}) AS rank FROM hits
+    ORDER BY raw DESC LIMIT %(top_k)s
 ),
 bounds AS (
     SELECT (SELECT count(*) FROM newest) AS window_rows,
@@ -183,7 +249,8 @@ best AS (
     ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
-SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds ORDER BY score DESC, id
+SELECT scored.*, {score} AS score, {text_full_value} AS text_full, bounds.*
+FROM scored, bounds ORDER BY score DESC, id
 """
 
 # Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
@@ -192,6 +259,7 @@ SELECT scored.*, {score} AS score, bounds.* FROM scored, bounds ORDER BY score D
 # bounds the cost of a common name (a documented trade-off, like phase 1's K).
 _MULTI_HOP_SQL = """
 WITH q AS ({text_query}),
+text_full AS ({given_text_full}),
 hop AS (
     SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
     CROSS JOIN LATERAL (
@@ -209,37 +277,182 @@ scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q)
 SELECT scored.*, {score} AS score FROM scored ORDER BY score DESC, id
 """
 
-_EPISODES_SQL = """
-SELECT e.id, e.kind, e.occurred_at, e.text,
-       1 - (e.embedding <=> %(vector)s) AS similarity,
-       exp(least(satchel_epoch(e.occurred_at) - %(at_epoch)s, 0.0) / %(tau_seconds)s) AS recency
-FROM events e
-WHERE e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
-  AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
-ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
+# Events visible at %(at)s, and whether every fact drawn from an event `e` is hidden (superseded,
+# retired, no longer valid, expired or in an open conflict): such an episode would serve again
+# what the filters hid.
+_VISIBLE_EVENTS = """
+    e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+    AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
+"""
+_EVENT_RECENCY = "exp(least(satchel_epoch(e.occurred_at) - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
+# The best events `top`, with whether the facts drawn from each are all hidden (one GIN lookup
+# for all of them).
+_EPISODES_TAIL = """
+drawn AS (
+    SELECT s.event_id, bool_or({visible} AND NOT {expired} AND NOT {in_open_conflict}) AS shown
+    FROM facts f CROSS JOIN LATERAL unnest(f.source_event_ids) AS s(event_id)
+    WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
+      AND f.source_event_ids && (SELECT array_agg(id) FROM top)
+    GROUP BY s.event_id
+)
+SELECT top.*, coalesce(NOT drawn.shown, false) AS source_facts_hidden
+FROM top LEFT JOIN drawn ON drawn.event_id = top.id
+ORDER BY top.score DESC, top.id
+"""
+
+# The seed's episodes: the nearest events (HNSW), scored on cosine and recency.
+_EPISODES_SQL = (
+    """
+WITH top AS (
+    SELECT e.id, e.kind, e.occurred_at, e.text,
+           1 - (e.embedding <=> %(vector)s) AS similarity, 0.0::float8 AS text_rank,
+           {event_recency} AS recency, 0.0::float8 AS context_score,
+           %(w_similarity)s * (1 - (e.embedding <=> %(vector)s))
+               + %(w_recency)s * {event_recency} AS score
+    FROM events e
+    WHERE {visible_events}
+    ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_k)s
+),"""
+    + _EPISODES_TAIL
+)
+
+# Hybrid episodes. Phase 1: the nearest events (HNSW) and the best BM25 matches (GIN), with
+# each one's neighbours in the conversation (the events just before and after it, within
+# %(context_gap)s). Phase 2 scores them all like facts (own score), then lifts each event to
+# its context score when higher: weight x its best neighbour's own score + (1 - weight) x its
+# own. A reply ("Yes, last Sunday") then rises with the question it answers.
+_HYBRID_EPISODES_SQL = (
+    """
+WITH q AS ({text_query}),
+hits AS (
+    SELECT e.id, {event_raw_rank} AS raw FROM events e, q
+    WHERE {visible_events} AND {event_match}
+),
+text_full AS ({text_full}),
+by_vector AS (
+    SELECT e.id FROM events e WHERE {visible_events}
+    ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_pool)s
+),
+by_text AS (SELECT id FROM hits ORDER BY raw DESC LIMIT %(episode_pool)s),
+pool AS (SELECT id FROM by_vector UNION SELECT id FROM by_text),
+links AS (
+    SELECT p.id AS a, n.id AS b
+    FROM pool p JOIN events pe ON pe.id = p.id
+    CROSS JOIN LATERAL (
+        (SELECT e.id FROM events e
+         WHERE {visible_events} AND (e.occurred_at, e.id) < (pe.occurred_at, pe.id)
+           AND e.occurred_at >= pe.occurred_at - %(context_gap)s
+         ORDER BY e.occurred_at DESC, e.id DESC LIMIT 1)
+        UNION ALL
+        (SELECT e.id FROM events e
+         WHERE {visible_events} AND (e.occurred_at, e.id) > (pe.occurred_at, pe.id)
+           AND e.occurred_at <= pe.occurred_at + %(context_gap)s
+         ORDER BY e.occurred_at, e.id LIMIT 1)
+    ) n
+),
+hood AS (SELECT id FROM pool UNION SELECT b FROM links),
+own AS (
+    SELECT e.id, e.kind, e.occurred_at, e.text,
+           1 - (e.embedding <=> %(vector)s) AS similarity,
+           {hit_text_rank} AS text_rank,
+           {event_recency} AS recency
+    FROM events e JOIN hood USING (id) LEFT JOIN hits USING (id)
+),
+own_scored AS (
+    SELECT own.*,
+           %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
+               AS own_score
+    FROM own
+),
+context AS (
+    SELECT l.x AS id, max(o.own_score) AS context_score
+    FROM (SELECT a AS x, b AS y FROM links UNION ALL SELECT b, a FROM links) l
+    JOIN own_scored o ON o.id = l.y
+    GROUP BY l.x
+),
+top AS (
+    SELECT o.id, o.kind, o.occurred_at, o.text, o.similarity, o.text_rank, o.recency,
+           coalesce(c.context_score, 0.0) AS context_score,
+           greatest(o.own_score, %(context_weight)s * coalesce(c.context_score, 0.0)
+                    + (1 - %(context_weight)s) * o.own_score) AS score
+    FROM own_scored o LEFT JOIN context c USING (id)
+    ORDER BY score DESC, id LIMIT %(episode_k)s
+),"""
+    + _EPISODES_TAIL
+)
+
+# Before the query is embedded, hybrid ranking: the query's lexemes (stemmed in its language)
+# found in at most `term_max_facts` documents (facts and events) of the scope, in query order,
+# with their IDF and the scope's average document length; the scope's active facts as in
+# _PLAN_SQL.
+_PLAN_HYBRID_SQL = """
+WITH words AS (
+    SELECT d.lexeme, d.positions[1] AS position
+    FROM unnest(to_tsvector(satchel_text_config(%(query)s), %(query)s)) AS d
+),
+sizes AS (
+    SELECT coalesce(max(s.documents), 0) AS documents, coalesce(max(s.tokens), 0) AS tokens
+    FROM scope_documents s
+    WHERE s.project_id = %(project_id)s AND s.subject_id = %(subject_id)s
+),
+terms AS (
+    SELECT w.lexeme, w.position,
+           ln(1 + (sizes.documents - c.documents + 0.5) / (c.documents + 0.5)) AS idf
+    FROM words w, sizes, scope_lexemes c
+    WHERE c.project_id = %(project_id)s AND c.subject_id = %(subject_id)s
+      AND c.lexeme = w.lexeme AND c.documents <= %(term_max_facts)s
+    ORDER BY w.position LIMIT %(max_terms)s
+)
+SELECT coalesce(array_agg(lexeme ORDER BY position), '{}') AS terms,
+       coalesce(array_agg(idf ORDER BY position), '{}') AS idfs,
+       (SELECT greatest(tokens::float8 / greatest(documents, 1), 1.0) FROM sizes) AS avg_tokens,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM facts f
+           WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
+             AND f.status = 'active'
+           LIMIT %(exact_scope_max)s + 1
+       ) scope) AS scope_facts
+FROM terms
 """
 
 
-def _render(template: str) -> tuple[str, str]:
-    """The (now, as_of) variants of a statement."""
-    return tuple(  # type: ignore[return-value]
-        template.format(
-            visible=visible,
-            recency=_RECENCY,
-            columns=_SCORED_COLUMNS.format(text_rank=_SCORED_TEXT_RANK),
-            pooled_columns=_SCORED_COLUMNS.format(text_rank=_POOLED_TEXT_RANK),
-            score=_SCORE,
-            text_query=_TEXT_QUERY,
-            scored_fact_score=_FACT_SCORE.format(text_rank=_SCORED_TEXT_RANK),
-            pooled_fact_score=_FACT_SCORE.format(text_rank=_POOLED_TEXT_RANK),
-        )
-        for visible in (_CURRENT_FACTS, _FACTS_AS_OF)
-    )
+def _render(template: str) -> dict[tuple[str, bool], str]:
+    """The variants of a statement, by (ranking, historical)."""
+    variants = {}
+    for ranking, text in TEXT_RANKS.items():
+        fact_rank = _text_rank_of(text, "f")
+        pooled_rank = f"coalesce(pool.text_rank, {fact_rank})"
+        for historical, visible in ((False, _CURRENT_FACTS), (True, _FACTS_AS_OF)):
+            variants[(ranking, historical)] = template.format(
+                visible=visible,
+                visible_events=_VISIBLE_EVENTS,
+                expired=_EXPIRED,
+                in_open_conflict=_IN_OPEN_CONFLICT,
+                recency=_RECENCY,
+                event_recency=_EVENT_RECENCY,
+                columns=_SCORED_COLUMNS.format(text_rank=fact_rank),
+                pooled_columns=_SCORED_COLUMNS.format(text_rank=pooled_rank),
+                score=_SCORE,
+                text_query=text.query,
+                match=text.match.format(d="f"),
+                raw_rank=text.raw.format(d="f"),
+                event_match=text.match.format(d="e"),
+                event_raw_rank=text.raw.format(d="e"),
+                text_full=text.full,
+                given_text_full=_GIVEN_TEXT_FULL,
+                text_full_value=_TEXT_FULL,
+                hit_text_rank=_HIT_TEXT_RANK,
+                ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
+                pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
+            )
+    return variants
 
 
 EXACT_SQL = _render(_EXACT_SQL)
 CANDIDATES_SQL = _render(_CANDIDATES_SQL)
 MULTI_HOP_SQL = _render(_MULTI_HOP_SQL)
+EPISODES_SQL = _render(_EPISODES_SQL)
+HYBRID_EPISODES_SQL = _render(_HYBRID_EPISODES_SQL)
 
 
 def _scope_params(scope: Scope) -> dict[str, Any]:
@@ -253,18 +466,33 @@ def _scope_params(scope: Scope) -> dict[str, Any]:
 
 
 def _params(
-    scope: Scope, vector: np.ndarray, cfg: ContextSettings, terms: Sequence[str] = ()
+    scope: Scope, vector: np.ndarray, cfg: ContextSettings, plan: QueryPlan | None = None
 ) -> dict[str, Any]:
+    terms = plan.terms if plan is not None else []
+    if cfg.ranking == "hybrid":
+        text = {
+            "terms": terms,
+            "idfs": plan.idfs if plan is not None else [],
+            "avg_tokens": plan.avg_tokens if plan is not None else 1.0,
+            "text_rank_full": 1.0,  # multi-hop: the candidates' text_full
+        }
+    else:
+        text = {
+            "text_query": " or ".join(terms),
+            "text_rank_full": TS_RANK_UNIT * max(1, len(terms)),
+        }
     return {
         **_scope_params(scope),
-        "text_query": " or ".join(terms),
-        "text_rank_full": TS_RANK_UNIT * max(1, len(terms)),
+        **text,
         "vector": vector,
         "top_k": cfg.retrieval_top_k,
         "newest_k": min(cfg.newest_top_k, cfg.newest_window),
         "newest_window": cfg.newest_window,
         "candidate_limit": cfg.candidate_limit,
         "episode_k": cfg.episode_top_k,
+        "episode_pool": cfg.episode_pool,
+        "context_weight": cfg.episode_context_weight,
+        "context_gap": timedelta(seconds=cfg.episode_context_gap_seconds),
         "tau_seconds": cfg.recency_tau_days * 86400.0,
         "w_similarity": cfg.weight_similarity,
         "w_text_rank": cfg.weight_text_rank,
@@ -280,15 +508,28 @@ async def plan_query(
     """The query's searched words and the scope's size, in one round trip without a vector (a
     context call runs it while the query is embedded).
 
-    A word held by more facts of the scope than `text_term_max_facts` is left out: too common
-    to rank by, and ranking all its matches would cost more than the vector search.
+    A word held by more facts of the scope than `text_term_max_facts` (hybrid: documents) is
+    left out: too common to rank by, and ranking all its matches would cost more than the
+    vector search.
     """
     params = {
         **_scope_params(scope),
-        "terms": query_terms(query),
         "term_max_facts": cfg.text_term_max_facts,
         "exact_scope_max": cfg.exact_scope_max,
     }
+    if cfg.ranking == "hybrid":
+        params |= {"query": query, "max_terms": MAX_QUERY_TERMS}
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(_PLAN_HYBRID_SQL, params)
+        row = await cur.fetchone()
+        assert row is not None
+        return QueryPlan(
+            terms=list(row["terms"]),
+            scope_facts=int(row["scope_facts"]),
+            idfs=[float(x) for x in row["idfs"]],
+            avg_tokens=float(row["avg_tokens"]),
+        )
+    params["terms"] = query_terms(query)
     cur = await conn.execute(_PLAN_SQL, params)
     terms, scope_facts = await cur.fetchone()  # type: ignore[misc]
     return QueryPlan(list(terms), int(scope_facts))
@@ -339,8 +580,8 @@ async def fetch_fact_candidates(
     `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a
     scope where HNSW cannot find K facts at K max is scored exactly.
     """
-    params = _params(scope, vector, cfg, plan.terms)
-    variant = int(scope.historical)
+    params = _params(scope, vector, cfg, plan)
+    variant = (cfg.ranking, scope.historical)
     cur = conn.cursor(row_factory=dict_row)
     if exact or plan.scope_facts <= cfg.exact_scope_max:
         await cur.execute(EXACT_SQL[variant], params)
@@ -353,7 +594,10 @@ async def fetch_fact_candidates(
 
 
 async def _two_phase(
-    cur: AsyncCursor[dict[str, Any]], params: dict[str, Any], cfg: ContextSettings, variant: int
+    cur: AsyncCursor[dict[str, Any]],
+    params: dict[str, Any],
+    cfg: ContextSettings,
+    variant: tuple[str, bool],
 ) -> list[dict[str, Any]]:
     """Phase 1 widened until it holds the top (see `fetch_fact_candidates`), then phase 2."""
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
@@ -384,24 +628,32 @@ async def fetch_multi_hop(
     plan: QueryPlan,
     entities: Sequence[str],
     exclude_ids: Sequence[str],
+    text_full: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Facts sharing an entity with the retained ones (no new embedding), best first."""
-    params = _params(scope, vector, cfg, plan.terms)
+    """Facts sharing an entity with the retained ones (no new embedding), best first; hybrid
+    text ranks are divided by the candidates' `text_full` (their best BM25)."""
+    params = _params(scope, vector, cfg, plan)
+    if text_full is not None and cfg.ranking == "hybrid":
+        params["text_rank_full"] = text_full
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(MULTI_HOP_SQL[int(scope.historical)], params)
+    await cur.execute(MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
     return await cur.fetchall()
 
 
 async def fetch_episodes(
-    conn: AsyncConnection, scope: Scope, vector: np.ndarray, cfg: ContextSettings
+    conn: AsyncConnection, scope: Scope, vector: np.ndarray, cfg: ContextSettings, plan: QueryPlan
 ) -> list[dict[str, Any]]:
-    """The scope's events nearest to the query vector (HNSW)."""
+    """The scope's best events, best first, with their score parts and whether the facts drawn
+    from them are all hidden: hybrid, scored like facts and lifted by their neighbours; seed,
+    the nearest to the query vector (HNSW)."""
     if cfg.episode_top_k == 0:
         return []
+    statements = HYBRID_EPISODES_SQL if cfg.ranking == "hybrid" else EPISODES_SQL
+    params = _params(scope, vector, cfg, plan)
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_EPISODES_SQL, _params(scope, vector, cfg))
+    await cur.execute(statements[(cfg.ranking, scope.historical)], params)
     return await cur.fetchall()
 
 

@@ -331,8 +331,42 @@ ON CONFLICT (project_id, subject_id, term) DO UPDATE SET facts = c.facts + exclu
 """
 
 
+_COUNT_LEXEMES_SQL = """
+WITH new AS (
+    SELECT d.project_id, d.subject_id, d.lexemes, d.lexeme_tokens FROM {table} d
+    WHERE d.id = ANY(%(ids)s::uuid[])
+),
+lexemes AS (
+    INSERT INTO scope_lexemes AS c (project_id, subject_id, lexeme, documents)
+    SELECT n.project_id, n.subject_id, t.lexeme, count(*)
+    FROM new n CROSS JOIN unnest(tsvector_to_array(n.lexemes)) AS t(lexeme)
+    GROUP BY n.project_id, n.subject_id, t.lexeme
+    ORDER BY n.project_id, n.subject_id, t.lexeme
+    ON CONFLICT (project_id, subject_id, lexeme)
+        DO UPDATE SET documents = c.documents + excluded.documents
+)
+INSERT INTO scope_documents AS s (project_id, subject_id, documents, tokens)
+SELECT project_id, subject_id, count(*), sum(lexeme_tokens) FROM new
+GROUP BY project_id, subject_id ORDER BY project_id, subject_id
+ON CONFLICT (project_id, subject_id) DO UPDATE
+    SET documents = s.documents + excluded.documents, tokens = s.tokens + excluded.tokens
+"""
+COUNT_LEXEMES_SQL = {t: _COUNT_LEXEMES_SQL.format(table=t) for t in ("facts", "events")}
+
+
+async def count_lexemes(conn: AsyncConnection, table: str, ids: Sequence[uuid.UUID]) -> None:
+    """Add new facts' or events' lexemes to their scopes' BM25 statistics (migration 0008).
+
+    Run it as the last statement of the transaction that inserted them, like
+    `count_fact_terms`: writers of one scope queue on its shared rows, in key order.
+    """
+    if ids:
+        await conn.execute(COUNT_LEXEMES_SQL[table], {"ids": list(ids)})
+
+
 async def count_fact_terms(conn: AsyncConnection, fact_ids: Sequence[uuid.UUID]) -> None:
-    """Add new facts' words to their scopes' word counts (what the text search reads).
+    """Add new facts' words to their scopes' word counts (what the text search reads), and
+    their lexemes to the scopes' BM25 statistics.
 
     Run it as the last statement of the transaction that inserted them: the count rows of a
     scope's common words are locked until commit, in key order, so writers queue but never
@@ -340,6 +374,7 @@ async def count_fact_terms(conn: AsyncConnection, fact_ids: Sequence[uuid.UUID])
     """
     if fact_ids:
         await conn.execute(COUNT_FACT_TERMS_SQL, (list(fact_ids),))
+        await count_lexemes(conn, "facts", fact_ids)
 
 
 async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -> FactRow | None:

@@ -19,3 +19,38 @@ def test_booleans_default_and_refuse_other_words() -> None:
     assert Settings.from_env({}).context.skip_served_episodes is True
     with pytest.raises(ConfigError, match="SATCHEL_SKIP_SERVED_EPISODES='maybe'"):
         Settings.from_env({"SATCHEL_SKIP_SERVED_EPISODES": "maybe"})
+
+
+def test_hybrid_ranking_is_the_default_and_the_seed_formula_is_reachable() -> None:
+    hybrid = Settings.from_env({}).context
+    assert hybrid.ranking == "hybrid"
+    assert (hybrid.weight_similarity, hybrid.weight_text_rank, hybrid.weight_recency) == (
+        0.7,
+        0.3,
+        0.02,
+    )
+    seed = Settings.from_env({"SATCHEL_RANKING": "seed"}).context
+    assert (seed.weight_similarity, seed.weight_text_rank, seed.weight_recency) == (
+        0.6,
+        0.25,
+        0.15,
+    )
+    mixed = Settings.from_env({"SATCHEL_RANKING": "seed", "SATCHEL_WEIGHT_RECENCY": "0"}).context
+    assert (mixed.weight_similarity, mixed.weight_recency) == (0.6, 0.0)  # set ones win
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("SATCHEL_RANKING", "bm25", "SATCHEL_RANKING is hybrid|seed"),
+        ("SATCHEL_WEIGHT_SIMILARITY", "nan", "SATCHEL_WEIGHT_SIMILARITY must be a finite"),
+        ("SATCHEL_WEIGHT_TEXT_RANK", "-1", "SATCHEL_WEIGHT_TEXT_RANK must be a finite"),
+        ("SATCHEL_WEIGHT_RECENCY", "inf", "SATCHEL_WEIGHT_RECENCY must be a finite"),
+        ("SATCHEL_EPISODE_CONTEXT_WEIGHT", "1.5", "SATCHEL_EPISODE_CONTEXT_WEIGHT must be in"),
+        ("SATCHEL_EPISODE_CONTEXT_GAP_SECONDS", "-1", "SATCHEL_EPISODE_CONTEXT_GAP_SECONDS"),
+        ("SATCHEL_EPISODE_POOL", "0", "SATCHEL_EPISODE_POOL must be positive"),
+    ],
+)
+def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({name: raw})

@@ -20,6 +20,8 @@ from satchel.server.domain.packing import (
     OVER_BUDGET,
     RELEVANCE,
     SOURCE_ALREADY_SERVED,
+    SOURCE_FACTS_HIDDEN,
+    STATUS_OK,
     VOLATILITY_EXPIRED,
     Candidate,
     Decision,
@@ -39,6 +41,7 @@ def cand(
     similarity: float = 0.9,
     kind: str = FACT,
     blocked: str | None = None,
+    sources: Iterable[str] = (),
 ) -> Candidate:
     """A candidate whose text is estimated at exactly `tokens` tokens."""
     return Candidate(
@@ -50,6 +53,7 @@ def cand(
         recency=1.0,
         score=score,
         blocked_reason=blocked,
+        sources=frozenset(sources),
     )
 
 
@@ -306,9 +310,9 @@ def test_facts_then_multi_hop_then_episodes_share_one_budget() -> None:
     assert [c.id for c in packer.included] == ["f1", "f2", "f3", "e2"]
 
 
-def test_episodes_already_served_are_excluded_first_without_spending_budget() -> None:
+def test_an_episode_a_served_fact_was_drawn_from_is_left_out_without_spending_budget() -> None:
     packer = Packer(20, max_distance=0.5)
-    list(packer.pack([cand("f1", tokens=10)]))
+    list(packer.pack([cand("f1", tokens=10, sources=("e3", "e2"))]))
     episodes = [
         cand("e1", tokens=5, score=0.9, kind=EPISODE),
         cand("e2", tokens=5, score=0.8, kind=EPISODE, similarity=0.1),  # below the floor
@@ -316,15 +320,60 @@ def test_episodes_already_served_are_excluded_first_without_spending_budget() ->
         cand("e4", tokens=5, score=0.6, kind=EPISODE),
         cand("e5", tokens=5, score=0.5, kind=EPISODE),
     ]
-    decisions = list(packer.pack(episodes, already_served={"e3", "e2", "f1"}))
+    decisions = list(packer.pack(episodes, skip_served=True))
     assert summary(decisions) == [
-        ("e2", EXCLUDED, SOURCE_ALREADY_SERVED),  # served elsewhere: before the floor
-        ("e3", EXCLUDED, SOURCE_ALREADY_SERVED),
+        ("e2", EXCLUDED, BELOW_RELEVANCE_FLOOR),
         ("e1", INCLUDED, RELEVANCE),
+        ("e3", EXCLUDED, SOURCE_ALREADY_SERVED),
         ("e4", INCLUDED, RELEVANCE),  # the room e3 would have taken
         ("e5", EXCLUDED, OVER_BUDGET),
     ]
-    assert packer.used == 20 and packer.gated_out == 0
+    assert packer.used == 20 and packer.gated_out == 1
+
+
+def test_in_one_list_whichever_of_a_fact_and_its_episode_ranks_higher_is_served() -> None:
+    packer = Packer(100)
+    mixed = [
+        cand("e1", score=0.9, kind=EPISODE),  # outranks the fact drawn from it
+        cand("f1", score=0.8, sources=("e1",)),
+        cand("f2", score=0.7, sources=("e2",)),  # outranks its episode
+        cand("e2", score=0.6, kind=EPISODE),
+        cand("f3", score=0.5, sources=("e1", "e4")),  # e4 is not served: f3 says more
+        cand("f4", score=0.4, sources=("e2",)),  # another fact of e2: never left out for f2
+        cand("f5", score=0.3),  # no source
+    ]
+    assert summary(packer.pack(mixed, skip_served=True)) == [
+        ("e1", INCLUDED, RELEVANCE),
+        ("f1", EXCLUDED, SOURCE_ALREADY_SERVED),
+        ("f2", INCLUDED, RELEVANCE),
+        ("e2", EXCLUDED, SOURCE_ALREADY_SERVED),
+        ("f3", INCLUDED, RELEVANCE),
+        ("f4", INCLUDED, RELEVANCE),
+        ("f5", INCLUDED, RELEVANCE),
+    ]
+
+
+def test_without_skip_served_a_fact_and_its_episode_are_both_served() -> None:
+    packer = Packer(100)
+    mixed = [cand("e1", score=0.9, kind=EPISODE), cand("f1", score=0.8, sources=("e1",))]
+    assert [d.outcome for d in packer.pack(mixed)] == [INCLUDED, INCLUDED]
+
+
+def test_an_episode_whose_facts_are_all_hidden_is_excluded_with_its_reason() -> None:
+    packer = Packer(100)
+    decisions = list(
+        packer.pack(
+            [
+                cand("e1", score=0.9, kind=EPISODE, blocked=SOURCE_FACTS_HIDDEN),
+                cand("e2", score=0.5, kind=EPISODE),
+            ]
+        )
+    )
+    assert summary(decisions) == [
+        ("e1", EXCLUDED, SOURCE_FACTS_HIDDEN),
+        ("e2", INCLUDED, RELEVANCE),
+    ]
+    assert packet_status(packer.hidden_counts) == (STATUS_OK, [])  # no warning of its own
 
 
 # --- hard filters and status ------------------------------------------------------------

@@ -195,10 +195,18 @@ export interface Decision {
   outcome: DecisionOutcome;
   /**
    * relevance | multi_hop_expansion (included); over_budget | below_relevance_floor |
-   * volatility_expired | source_already_served (excluded); conflict_open (blocked).
-   * source_already_served: an episode whose event is the source of an included fact.
+   * volatility_expired | source_already_served | source_facts_hidden (excluded);
+   * conflict_open (blocked).
+   * source_already_served: what the packet already says: an episode whose event is the source
+   * of an included fact, or a fact every source event of which is an included episode.
+   * source_facts_hidden: an episode every fact drawn from which is hidden (superseded, retired,
+   * no longer valid, expired or in an open conflict).
    */
   reasonCode: string;
+  /**
+   * The candidate's score: similarity, text_rank and recency weighted; for an episode under
+   * hybrid ranking, at least that and possibly lifted by its best neighbour in the conversation.
+   */
   score: number;
   similarity: number;
   textRank: number;
