@@ -70,6 +70,9 @@ class ContextSettings:
     episode_pool: int = 48
     episode_context_weight: float = 0.6
     episode_context_gap_seconds: float = 3600.0
+    # Hybrid: of two facts with one predicate whose vectors are at least this close, the newer
+    # ranks first (a value stated again later; domain/updates.py). 0: off.
+    newer_wins_similarity: float = 0.6
     multi_hop_max_entities: int = 2
     multi_hop_max_per_entity: int = 5
     # WatchTraces: calls queued per watcher before whole calls are dropped for it.
@@ -186,6 +189,10 @@ class Settings:
                 for name in WEIGHT_FIELDS
             ),
             (c.episode_pool >= 1, "SATCHEL_EPISODE_POOL must be positive"),
+            (
+                0.0 <= c.newer_wins_similarity <= 1.0,
+                "SATCHEL_NEWER_WINS_SIMILARITY must be in [0, 1]",
+            ),
             (
                 0.0 <= c.episode_context_weight <= 1.0,
                 "SATCHEL_EPISODE_CONTEXT_WEIGHT must be in [0, 1]",

@@ -34,6 +34,7 @@ from satchel.server.domain.packing import (
     packet_status,
 )
 from satchel.server.domain.rendering import excerpt
+from satchel.server.domain.updates import Statement, newer_first
 from satchel.server.runtime import Runtime
 from satchel.server.storage import context as store
 from satchel.server.storage.pool import autocommit
@@ -119,6 +120,18 @@ def _fact_candidate(row: dict[str, Any]) -> Candidate:
     )
 
 
+def _fact_candidates(rows: list[dict[str, Any]], newer_wins_similarity: float) -> list[Candidate]:
+    """The rows as candidates; of two statements of one value, the newer ranks first."""
+    candidates = [_fact_candidate(r) for r in rows]
+    if newer_wins_similarity <= 0:
+        return candidates
+    statements = {
+        str(r["id"]): Statement(r["predicate"], float(r["since_epoch"]), r["embedding"].to_numpy())
+        for r in rows
+    }
+    return newer_first(candidates, statements, newer_wins_similarity)
+
+
 def _episode_candidate(row: dict[str, Any]) -> Candidate:
     return Candidate(
         id=str(row["id"]),
@@ -199,11 +212,12 @@ async def assemble(
     mark = timer.add("retrieve", mark)
     rows_by_id = {str(r["id"]): r for r in rows}
     episode_rows = {str(r["id"]): r for r in episodes}
-    fact_candidates = [_fact_candidate(r) for r in rows]
-    episode_candidates = [_episode_candidate(r) for r in episodes]
     skip = cfg.skip_served_episodes
-    # Hybrid: facts and episodes in one ranked list; seed: facts, multi-hop, then episodes.
+    # Hybrid: facts and episodes in one ranked list, a restated value's newest statement
+    # first; seed: facts, multi-hop, then episodes.
     hybrid = cfg.ranking == "hybrid"
+    fact_candidates = _fact_candidates(rows, cfg.newer_wins_similarity if hybrid else 0.0)
+    episode_candidates = [_episode_candidate(r) for r in episodes]
     first = fact_candidates + episode_candidates if hybrid else fact_candidates
     for decision in packer.pack(first, skip_served=skip):
         yield decision
@@ -218,7 +232,7 @@ async def assemble(
         )
         mark = timer.add("retrieve", mark)
         rows_by_id.update((str(r["id"]), r) for r in hops)
-        hop_candidates = [_fact_candidate(r) for r in hops]
+        hop_candidates = _fact_candidates(hops, cfg.newer_wins_similarity if hybrid else 0.0)
         hop_pass = packer.pack(
             hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION, skip_served=skip
         )

@@ -273,3 +273,51 @@ async def test_text_rank_is_okapi_bm25_over_the_scope_statistics(
         assert math.isclose(by_statement[statement]["text_rank"], expected, abs_tol=1e-9)
     # Two "bakes" in a longer fact: BM25 saturates tf and normalises length.
     assert by_statement[statements[0]]["text_rank"] != by_statement[statements[1]]["text_rank"]
+
+
+async def test_a_value_stated_again_later_is_served_newest_first(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    now = datetime.now(UTC)
+    stated = [(700, "Ben lives in Paris"), (200, "Ben lives in Lyon"), (10, "Ben lives in Nantes")]
+    for days, statement in stated:
+        await memory_stub(channel).AssertFact(
+            fact_request(
+                project_id,
+                predicate="home_city",
+                value=statement.split()[-1],
+                statement=statement,
+                valid_from=ts(now - timedelta(days=days)),
+            )
+        )
+    await assert_facts(channel, project_id, ["Ben's sister lives in Toronto"])
+    reply = await assemble(channel, project_id, "Where does Ben live?")
+    order = [f.statement for f in reply.packet.facts]
+    assert [s for s in order if s in dict(map(reversed, stated))] == [
+        "Ben lives in Nantes",
+        "Ben lives in Lyon",
+        "Ben lives in Paris",
+    ]
+    trace = await trace_of(channel, project_id, reply.trace_id)
+    lifted = [d for d in trace.decisions if d.score > own_score(d) + 1e-9]
+    lowered = [d for d in trace.decisions if d.score < own_score(d) - 1e-9]
+    assert not lowered, "nothing is lowered"
+    assert lifted and all(d.preview in ("Ben lives in Nantes", "Ben lives in Lyon") for d in lifted)
+
+
+def test_the_knowledge_update_benchmark_runs_every_ranking(settings, test_root) -> None:
+    import asyncio
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import knowledge_updates
+
+    results = asyncio.run(knowledge_updates.run(replace(settings, data_dir=test_root / "ku")))
+    assert set(results) == set(knowledge_updates.RANKINGS)
+    for result in results.values():
+        assert result["scenarios"] == len(knowledge_updates.SCENARIOS)
+        assert 0 <= result["newest_first"] <= result["scenarios"]
+    default = results["hybrid (default)"]
+    assert default["newest_first"] >= results["hybrid, newer-wins off"]["newest_first"]

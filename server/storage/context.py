@@ -85,6 +85,7 @@ _IN_OPEN_CONFLICT = """EXISTS (
 # The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
 _SCORED_COLUMNS = f"""
     f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
+    f.since_epoch, f.embedding,
     1 - (f.embedding <=> %(vector)s) AS similarity,
     {{text_rank}} AS text_rank,
     {_RECENCY} AS recency,
