@@ -170,11 +170,17 @@ class AsyncSatchelClient:
         *,
         budget_tokens: int | None = None,
         as_of: datetime | None = None,
+        max_distance: float | None = None,
         timeout: float | None = None,
     ) -> context_pb2.AssembleContextResponse:
         """The context packet of a query and the id of its persisted trace."""
         request = rq.assemble_context(
-            project_id, subject_id, query, budget_tokens=budget_tokens, as_of=as_of
+            project_id,
+            subject_id,
+            query,
+            budget_tokens=budget_tokens,
+            as_of=as_of,
+            max_distance=max_distance,
         )
         return await self._unary(self._context, CONTEXT, "AssembleContext", request, timeout)
 
@@ -186,11 +192,17 @@ class AsyncSatchelClient:
         *,
         budget_tokens: int | None = None,
         as_of: datetime | None = None,
+        max_distance: float | None = None,
         timeout: float | None = None,
     ) -> AsyncStream[context_pb2.StreamContextResponse]:
         """One message per decision as the budget is packed, then the packet (last)."""
         request = rq.stream_context(
-            project_id, subject_id, query, budget_tokens=budget_tokens, as_of=as_of
+            project_id,
+            subject_id,
+            query,
+            budget_tokens=budget_tokens,
+            as_of=as_of,
+            max_distance=max_distance,
         )
         call = self._context.StreamContext(
             request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata

@@ -76,14 +76,17 @@ def assemble_context(
     *,
     budget_tokens: int | None = None,
     as_of: datetime | None = None,
+    max_distance: float | None = None,
 ) -> context_pb2.AssembleContextRequest:
-    """An AssembleContextRequest (the server's default budget when `budget_tokens` is None)."""
+    """An AssembleContextRequest (the server's default budget and relevance floor when
+    `budget_tokens` and `max_distance` are None; `max_distance=0` turns the floor off)."""
     return context_pb2.AssembleContextRequest(
         project_id=project_id,
         subject_id=subject_id,
         query=query,
         budget_tokens=budget_tokens,
         as_of=timestamp(as_of),
+        max_distance=max_distance,
     )
 
 
@@ -94,6 +97,7 @@ def stream_context(
     *,
     budget_tokens: int | None = None,
     as_of: datetime | None = None,
+    max_distance: float | None = None,
 ) -> context_pb2.StreamContextRequest:
     """A StreamContextRequest (same fields as AssembleContext)."""
     return context_pb2.StreamContextRequest(
@@ -102,6 +106,7 @@ def stream_context(
         query=query,
         budget_tokens=budget_tokens,
         as_of=timestamp(as_of),
+        max_distance=max_distance,
     )
 
 

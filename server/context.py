@@ -52,6 +52,8 @@ class ContextRequest:
     query: str
     budget_tokens: int
     as_of: datetime | None = None
+    # The relevance floor of this call (cosine distance; 0: off).
+    max_distance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ def _episode_candidate(row: dict[str, Any]) -> Candidate:
         recency=float(row["recency"]),
         score=float(row["score"]),
         blocked_reason=SOURCE_FACTS_HIDDEN if row["source_facts_hidden"] else None,
+        context_similarity=float(row["context_similarity"] or 0.0),
     )
 
 
@@ -204,7 +207,7 @@ async def assemble(
         embedding.cancel()
     mark = timer.add("embed", timer.started)
 
-    packer = Packer(request.budget_tokens, max_distance=cfg.recall_max_distance)
+    packer = Packer(request.budget_tokens, max_distance=request.max_distance)
     rows, episodes = await asyncio.gather(
         fetch(store.fetch_fact_candidates, scope, vector, cfg, plan),
         fetch(store.fetch_episodes, scope, vector, cfg, plan),

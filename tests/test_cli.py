@@ -70,7 +70,7 @@ def first_line(lines: list[str], predicate: Callable[[str], object]) -> int:
 
 
 DECISION_ROW = re.compile(r"^\s*\d+\s+(fact|ep\.)\s")
-BUDGET_BAR = re.compile(r"budget \S+\s+(\d+)/120 tokens")
+BUDGET_BAR = re.compile(r"budget \S+\s+(\d+)/90 tokens")
 ANSI = re.compile(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07)")
 
 
@@ -103,7 +103,7 @@ async def test_demo_loads_the_sample_and_streams_a_context_call(
     assert reasons.count("conflict_open") == 2 and reasons.count("volatility_expired") == 1
     assert "over_budget" in reasons  # the demo budget is small on purpose
     assert packet["status"] == "PACKET_STATUS_DEGRADED" and len(packet["warnings"]) == 2
-    assert 0 < packet["tokens_used"] <= packet["budget_tokens"] == 120
+    assert 0 < packet["tokens_used"] <= packet["budget_tokens"] == 90
     assert talents["selected"] and talents["compiled"].startswith("<satchel_talents>")
     assert talents["relevance"] == "RELEVANCE_MODE_EMBEDDINGS"
 
@@ -166,7 +166,7 @@ async def test_demo_human_output_streams_the_decisions_then_the_packet(
     talents = first_line(lines, lambda line: line.startswith("talents for "))
     assert loaded < header < rows[0] and rows[-1] < bar < status < packet < talents
     tokens = BUDGET_BAR.match(lines[bar]).group(1)  # type: ignore[union-attr]
-    assert f"tokens {tokens}/120" in lines[status]
+    assert f"tokens {tokens}/90" in lines[status]
     talent_rows = table_rows(out)  # the selection after the packet
     assert any(r[0].startswith("demo.") and r[1] == "selected" for r in talent_rows)
 
@@ -200,7 +200,7 @@ async def test_demo_on_a_terminal_redraws_the_budget_as_decisions_stream(
     used = [int(n) for n in BUDGET_BAR.findall(streamed)]
     assert len(set(used)) >= 3, used  # frames drawn while the budget filled
     assert used == sorted(used) and used[0] < used[-1]
-    assert f"tokens {used[-1]}/120" in after
+    assert f"tokens {used[-1]}/90" in after
     assert "conflict_open" in streamed and "over_budget" in streamed
 
 
@@ -272,13 +272,14 @@ async def test_context_trace_facts_events_and_stats_json(address: str, project_i
 async def test_human_output_tables_and_budget_bar(address: str, project_id: str) -> None:
     await demo(address, project_id)
     scope = ("--project", project_id, "--subject", "maya", "--address", address)
-    out = ok(await satchel("context", *scope, "--query", "Lisbon trip", "--budget", "60"))
+    out = ok(await satchel("context", *scope, "--query", "Lisbon trip", "--budget", "40"))
     assert "candidate" in out and "conflict_open" in out and "over_budget" in out
-    assert "budget" in out and "/60 tokens" in out
+    assert "source_facts_hidden" in out  # the flight episode and the expired Berlin one
+    assert "budget" in out and "/40 tokens" in out
     assert "<satchel_memory>" in out and "status degraded" in out
     trace_id = out.split("replay: satchel trace ")[1].split()[0]
     replay = ok(await satchel("trace", trace_id, "--project", project_id, "--address", address))
-    assert "volatility_expired" in replay and "/60 tokens" in replay
+    assert "volatility_expired" in replay and "/40 tokens" in replay
     facts = ok(await satchel("facts", *scope, "--all"))
     assert "Maya is vegetarian" in facts and "12 fact(s)" in facts
     stats = ok(await satchel("stats", "--project", project_id, "--address", address))

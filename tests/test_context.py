@@ -388,8 +388,42 @@ async def test_relevance_floor_gates_before_packing_and_reports_no_relevant_memo
         trace = await trace_of(gated, project_id, on_topic.trace_id)
         for d in trace.decisions:
             assert (d.reason_code == "below_relevance_floor") == (1 - d.similarity > 0.55)
-    ungated = await assemble(channel, project_id, "quarterly revenue of semiconductor firms")
+    ungated = await assemble(
+        channel, project_id, "quarterly revenue of semiconductor firms", max_distance=0.0
+    )
     assert len(ungated.packet.facts) == len(CAROLINE) and ungated.packet.empty_reason == ""
+    # A request's floor overrides the server's (0.75 by default here).
+    overridden = await assemble(
+        channel, project_id, "Which instrument does Caroline play?", max_distance=0.55
+    )
+    assert overridden.packet.facts[0].statement == CAROLINE[4]
+    trace = await trace_of(channel, project_id, overridden.trace_id)
+    for d in trace.decisions:
+        assert (d.reason_code == "below_relevance_floor") == (1 - d.similarity > 0.55)
+
+
+async def test_the_default_floor_is_the_one_calibrated_for_the_bundled_model(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    """A new user's server gates off-topic questions: the floor calibrated for MiniLM (0.75)."""
+    from satchel.server.config import recall_floor
+
+    runtime = server.runtime.value
+    assert runtime.settings.context.recall_max_distance is None
+    assert recall_floor(runtime.settings.context, runtime.embedder.model_id) == 0.75
+    await assert_facts(channel, project_id, CAROLINE)
+    reply = await assemble(channel, project_id, "What is the weather in Madrid tomorrow?")
+    assert not reply.packet.facts and reply.packet.empty_reason == "no_relevant_memory"
+    trace = await trace_of(channel, project_id, reply.trace_id)
+    assert all(1 - d.similarity > 0.75 for d in trace.decisions)
+    on_topic = await assemble(channel, project_id, "Which city did Caroline move to?")
+    assert on_topic.packet.facts[0].statement == CAROLINE[0]
+    for bad in (-0.1, 2.5, float("nan")):
+        code, violations, _ = await expect_error(
+            assemble(channel, project_id, "q", max_distance=bad)
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert [f for f, _ in violations] == ["max_distance"]
 
 
 async def test_multi_hop_adds_a_fact_related_only_through_an_entity(

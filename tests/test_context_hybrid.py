@@ -46,7 +46,7 @@ async def test_facts_and_episodes_are_ranked_in_one_list_on_cosine_and_bm25(
     lake, traffic = "I went painting by the lake with my brushes", "Traffic was awful this morning"
     await record(channel, project_id, lake, base, speaker="Ana")
     await record(channel, project_id, traffic, base + timedelta(days=1), speaker="Ana")
-    reply = await assemble(channel, project_id, "What did Caroline paint?")
+    reply = await assemble(channel, project_id, "What did Caroline paint?", max_distance=0.0)
     trace = await trace_of(channel, project_id, reply.trace_id)
     decided = list(trace.decisions)
     assert {d.candidate_kind for d in decided} == {FACT, EPISODE}

@@ -159,18 +159,20 @@ class Trace(_message.Message):
     def __init__(self, trace_id: _Optional[str] = ..., project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., status: _Optional[_Union[PacketStatus, str]] = ..., warnings: _Optional[_Iterable[str]] = ..., empty_reason: _Optional[str] = ..., timings: _Optional[_Union[TraceTimings, _Mapping]] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_used: _Optional[int] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of")
+    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     query: str
     budget_tokens: int
     as_of: _timestamp_pb2.Timestamp
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    max_distance: float
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
     __slots__ = ("packet", "trace_id")
@@ -181,18 +183,20 @@ class AssembleContextResponse(_message.Message):
     def __init__(self, packet: _Optional[_Union[ContextPacket, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class StreamContextRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of")
+    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     query: str
     budget_tokens: int
     as_of: _timestamp_pb2.Timestamp
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    max_distance: float
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ...) -> None: ...
 
 class StreamContextResponse(_message.Message):
     __slots__ = ("trace_id", "decision", "packet")

@@ -18,6 +18,7 @@ from satchel.server.api.validation import (
     check_timestamp,
     parse_uuid,
 )
+from satchel.server.config import recall_floor
 from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, assemble
 from satchel.server.domain import packing
 from satchel.server.errors import InvalidArgument, NotFound, Unavailable, Violations
@@ -105,8 +106,15 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         as_of = check_timestamp(
             violations, "as_of", request.as_of, present=request.HasField("as_of")
         )
+        runtime = self._runtime()
+        settings = runtime.settings.context
+        if request.HasField("max_distance"):
+            max_distance = request.max_distance
+            if not 0.0 <= max_distance <= 2.0:  # NaN too
+                violations.add("max_distance", "must be a cosine distance in [0, 2] (0: off)")
+        else:
+            max_distance = recall_floor(settings, runtime.embedder.model_id)
         violations.raise_if_any()
-        settings = self._runtime().settings.context
         budget = (
             request.budget_tokens
             if request.HasField("budget_tokens")
@@ -123,6 +131,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
             query=request.query,
             budget_tokens=budget,
             as_of=as_of,
+            max_distance=max_distance,
         )
 
     async def AssembleContext(

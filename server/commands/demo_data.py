@@ -14,7 +14,7 @@ from satchel.v1 import talent_pb2
 SUBJECT = "maya"
 QUERY = "Help Maya plan her trip to Lisbon"
 TALENT_TASK = "Plan a three-day Lisbon trip itinerary with vegetarian restaurants"
-BUDGET_TOKENS = 120
+BUDGET_TOKENS = 90
 
 
 @dataclass(frozen=True)

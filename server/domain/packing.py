@@ -98,6 +98,8 @@ class Candidate:
 
     `blocked_reason` is set (a key of `HIDDEN_OUTCOMES`) when a hard filter hides it. `sources`
     are the events a fact was drawn from (empty for an episode, whose event is its `id`).
+    `context_similarity`: for an episode ranked by its neighbour, that neighbour's similarity,
+    which the relevance floor reads instead of its own when higher.
     """
 
     id: str
@@ -109,6 +111,7 @@ class Candidate:
     score: float
     blocked_reason: str | None = None
     sources: frozenset[str] = frozenset()
+    context_similarity: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -225,7 +228,8 @@ class Packer:
         return decision
 
     def _below_floor(self, candidate: Candidate) -> bool:
-        return self._max_distance > 0 and candidate.distance > self._max_distance
+        nearest = max(candidate.similarity, candidate.context_similarity)
+        return self._max_distance > 0 and 1.0 - nearest > self._max_distance
 
     def block(self, candidates: Iterable[Candidate]) -> Iterator[Decision]:
         """Decide candidates hidden by a hard filter, in score order; others are ignored.

@@ -166,7 +166,14 @@ _FACT_SCORE = f"""%(w_similarity)s * (1 - (f.embedding <=> %(vector)s))
 # `term_max_facts` facts of the scope (as counted on write: migration 0007), in query order,
 # and the scope's active facts, counted up to one more than `exact_scope_max` (an index-only
 # scan: the count chooses the path, the filters of the path itself decide what is visible).
-_PLAN_SQL = """
+# The scope's active facts, counted up to one more than `exact_scope_max` (an index-only scan).
+_SCOPE_FACTS = """(SELECT count(*) FROM (
+    SELECT 1 FROM facts f
+    WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
+      AND f.status = 'active'
+    LIMIT %(exact_scope_max)s + 1
+) scope)"""
+_PLAN_SQL = f"""
 SELECT ARRAY(
     SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
     LEFT JOIN fact_term_counts c
@@ -174,12 +181,7 @@ SELECT ARRAY(
     WHERE coalesce(c.facts, 0) <= %(term_max_facts)s
     ORDER BY t.position
 ) AS terms,
-(SELECT count(*) FROM (
-    SELECT 1 FROM facts f
-    WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
-      AND f.status = 'active'
-    LIMIT %(exact_scope_max)s + 1
-) scope) AS scope_facts
+{_SCOPE_FACTS} AS scope_facts
 """
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
@@ -307,7 +309,7 @@ _EPISODES_SQL = (
 WITH top AS (
     SELECT e.id, e.kind, e.occurred_at, e.text,
            1 - (e.embedding <=> %(vector)s) AS similarity, 0.0::float8 AS text_rank,
-           {event_recency} AS recency, 0.0::float8 AS context_score,
+           {event_recency} AS recency, 0.0::float8 AS context_similarity,
            %(w_similarity)s * (1 - (e.embedding <=> %(vector)s))
                + %(w_recency)s * {event_recency} AS score
     FROM events e
@@ -366,17 +368,25 @@ own_scored AS (
     FROM own
 ),
 context AS (
-    SELECT l.x AS id, max(o.own_score) AS context_score
+    SELECT l.x AS id, max(o.own_score) AS context_score,
+           max(o.similarity) AS context_similarity
     FROM (SELECT a AS x, b AS y FROM links UNION ALL SELECT b, a FROM links) l
     JOIN own_scored o ON o.id = l.y
     GROUP BY l.x
 ),
-top AS (
-    SELECT o.id, o.kind, o.occurred_at, o.text, o.similarity, o.text_rank, o.recency,
-           coalesce(c.context_score, 0.0) AS context_score,
-           greatest(o.own_score, %(context_weight)s * coalesce(c.context_score, 0.0)
-                    + (1 - %(context_weight)s) * o.own_score) AS score
+lifted AS (
+    SELECT o.*, c.context_similarity,
+           %(context_weight)s * coalesce(c.context_score, 0.0)
+               + (1 - %(context_weight)s) * o.own_score AS context_score
     FROM own_scored o LEFT JOIN context c USING (id)
+),
+top AS (
+    SELECT id, kind, occurred_at, text, similarity, text_rank, recency,
+           greatest(own_score, context_score) AS score,
+           -- a lifted episode is as near to the query as its nearest neighbour (the floor)
+           CASE WHEN context_score > own_score THEN context_similarity ELSE 0.0 END
+               AS context_similarity
+    FROM lifted
     ORDER BY score DESC, id LIMIT %(episode_k)s
 ),"""
     + _EPISODES_TAIL
@@ -386,7 +396,7 @@ top AS (
 # found in at most `term_max_facts` documents (facts and events) of the scope, in query order,
 # with their IDF and the scope's average document length; the scope's active facts as in
 # _PLAN_SQL.
-_PLAN_HYBRID_SQL = """
+_PLAN_HYBRID_SQL = f"""
 WITH words AS (
     SELECT d.lexeme, d.positions[1] AS position
     FROM unnest(to_tsvector(satchel_text_config(%(query)s), %(query)s)) AS d
@@ -404,15 +414,10 @@ terms AS (
       AND c.lexeme = w.lexeme AND c.documents <= %(term_max_facts)s
     ORDER BY w.position LIMIT %(max_terms)s
 )
-SELECT coalesce(array_agg(lexeme ORDER BY position), '{}') AS terms,
-       coalesce(array_agg(idf ORDER BY position), '{}') AS idfs,
+SELECT coalesce(array_agg(lexeme ORDER BY position), '{{}}') AS terms,
+       coalesce(array_agg(idf ORDER BY position), '{{}}') AS idfs,
        (SELECT greatest(tokens::float8 / greatest(documents, 1), 1.0) FROM sizes) AS avg_tokens,
-       (SELECT count(*) FROM (
-           SELECT 1 FROM facts f
-           WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
-             AND f.status = 'active'
-           LIMIT %(exact_scope_max)s + 1
-       ) scope) AS scope_facts
+       {_SCOPE_FACTS} AS scope_facts
 FROM terms
 """
 

@@ -636,3 +636,13 @@ def test_random_calls_respect_every_rule(seed: int) -> None:
 
     expect_empty = not packer.included and bool(floored)
     assert empty_reason(packer) == ("no_relevant_memory" if expect_empty else "")
+
+
+def test_an_episode_ranked_by_its_neighbour_passes_the_floor_as_the_neighbour_does() -> None:
+    packer = Packer(100, max_distance=0.5)
+    lifted = Candidate("e1", EPISODE, "x" * 8, 0.2, 0.0, 0.0, 0.6, context_similarity=0.7)
+    alone = Candidate("e2", EPISODE, "x" * 8, 0.2, 0.0, 0.0, 0.5, context_similarity=0.3)
+    assert summary(packer.pack([lifted, alone])) == [
+        ("e2", EXCLUDED, BELOW_RELEVANCE_FLOOR),
+        ("e1", INCLUDED, RELEVANCE),
+    ]

@@ -253,7 +253,15 @@ export interface AssembleContextRequest {
     | number
     | undefined;
   /** Point-in-time context: the memory as it was valid and recorded at that instant. */
-  asOf: Date | undefined;
+  asOf:
+    | Date
+    | undefined;
+  /**
+   * Relevance floor: a candidate farther than this cosine distance from the query is
+   * excluded (below_relevance_floor). Unset: the server's floor (SATCHEL_RECALL_MAX_DISTANCE,
+   * by default the one calibrated for its embedding model); 0 turns it off. In [0, 2].
+   */
+  maxDistance?: number | undefined;
 }
 
 export interface AssembleContextResponse {
@@ -266,7 +274,11 @@ export interface StreamContextRequest {
   subjectId: string;
   query: string;
   budgetTokens?: number | undefined;
-  asOf: Date | undefined;
+  asOf:
+    | Date
+    | undefined;
+  /** As in AssembleContextRequest. */
+  maxDistance?: number | undefined;
 }
 
 export interface StreamContextResponse {
@@ -1535,7 +1547,7 @@ export const Trace: MessageFns<Trace> = {
 };
 
 function createBaseAssembleContextRequest(): AssembleContextRequest {
-  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined };
+  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined, maxDistance: undefined };
 }
 
 export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
@@ -1554,6 +1566,9 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     }
     if (message.asOf !== undefined) {
       Timestamp.encode(toTimestamp(message.asOf), writer.uint32(42).fork()).join();
+    }
+    if (message.maxDistance !== undefined) {
+      writer.uint32(49).double(message.maxDistance);
     }
     return writer;
   },
@@ -1611,6 +1626,14 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
             message.asOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.maxDistance = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1646,6 +1669,11 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
         : isSet(object.as_of)
         ? fromJsonTimestamp(object.as_of)
         : undefined,
+      maxDistance: isSet(object.maxDistance)
+        ? globalThis.Number(object.maxDistance)
+        : isSet(object.max_distance)
+        ? globalThis.Number(object.max_distance)
+        : undefined,
     };
   },
 
@@ -1666,6 +1694,9 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     if (message.asOf !== undefined) {
       obj.asOf = message.asOf.toISOString();
     }
+    if (message.maxDistance !== undefined) {
+      obj.maxDistance = floatToJson(message.maxDistance);
+    }
     return obj;
   },
 
@@ -1679,6 +1710,7 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     message.query = object.query ?? "";
     message.budgetTokens = object.budgetTokens ?? undefined;
     message.asOf = object.asOf ?? undefined;
+    message.maxDistance = object.maxDistance ?? undefined;
     return message;
   },
 };
@@ -1775,7 +1807,7 @@ export const AssembleContextResponse: MessageFns<AssembleContextResponse> = {
 };
 
 function createBaseStreamContextRequest(): StreamContextRequest {
-  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined };
+  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined, maxDistance: undefined };
 }
 
 export const StreamContextRequest: MessageFns<StreamContextRequest> = {
@@ -1794,6 +1826,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     }
     if (message.asOf !== undefined) {
       Timestamp.encode(toTimestamp(message.asOf), writer.uint32(42).fork()).join();
+    }
+    if (message.maxDistance !== undefined) {
+      writer.uint32(49).double(message.maxDistance);
     }
     return writer;
   },
@@ -1851,6 +1886,14 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
             message.asOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.maxDistance = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1886,6 +1929,11 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
         : isSet(object.as_of)
         ? fromJsonTimestamp(object.as_of)
         : undefined,
+      maxDistance: isSet(object.maxDistance)
+        ? globalThis.Number(object.maxDistance)
+        : isSet(object.max_distance)
+        ? globalThis.Number(object.max_distance)
+        : undefined,
     };
   },
 
@@ -1906,6 +1954,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     if (message.asOf !== undefined) {
       obj.asOf = message.asOf.toISOString();
     }
+    if (message.maxDistance !== undefined) {
+      obj.maxDistance = floatToJson(message.maxDistance);
+    }
     return obj;
   },
 
@@ -1919,6 +1970,7 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     message.query = object.query ?? "";
     message.budgetTokens = object.budgetTokens ?? undefined;
     message.asOf = object.asOf ?? undefined;
+    message.maxDistance = object.maxDistance ?? undefined;
     return message;
   },
 };
