@@ -1,12 +1,11 @@
 """Context assembly: one routine that yields every decision as it is made, then the packet.
 
 `assemble` is the only path: StreamContext forwards each item as it comes, AssembleContext
-collects them. Order of work: embed the query (while
-the searched words are looked up); fetch scored fact candidates (two-phase) and episodes; pack
-(hybrid ranking: facts and episodes in one list; seed: the facts); if budget remains, one
-multi-hop pass over entities of the retained facts (full-text only, never gated); seed only:
-the episodes into what remains; persist the trace; the packet. What the packet already says is
-left out (`source_already_served`).
+collects them. Order of work: embed the query (while the searched terms are looked up); fetch
+scored fact candidates (two-phase) and episodes; pack (hybrid ranking: facts and episodes in
+one list; seed: the facts); if budget remains, one multi-hop pass over entities of the retained
+facts (full-text only, never gated); seed only: the episodes into what remains; persist the
+trace; the packet. What the packet already says is left out (`source_already_served`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from satchel.server.domain.packing import (
     packet_status,
 )
 from satchel.server.domain.rendering import excerpt
-from satchel.server.domain.updates import Statement, newer_first
+from satchel.server.domain.updates import newer_first
 from satchel.server.runtime import Runtime
 from satchel.server.storage import context as store
 from satchel.server.storage.pool import autocommit
@@ -122,16 +121,14 @@ def _fact_candidate(row: dict[str, Any]) -> Candidate:
     )
 
 
-def _fact_candidates(rows: list[dict[str, Any]], newer_wins_similarity: float) -> list[Candidate]:
+def _fact_candidates(rows: list[dict[str, Any]]) -> list[Candidate]:
     """The rows as candidates; of two statements of one value, the newer ranks first."""
     candidates = [_fact_candidate(r) for r in rows]
-    if newer_wins_similarity <= 0:
+    restates = {str(r["id"]): [str(o) for o in r["restates"]] for r in rows if r["restates"]}
+    if not restates:
         return candidates
-    statements = {
-        str(r["id"]): Statement(r["predicate"], float(r["since_epoch"]), r["embedding"].to_numpy())
-        for r in rows
-    }
-    return newer_first(candidates, statements, newer_wins_similarity)
+    since = {str(r["id"]): float(r["since_epoch"]) for r in rows}
+    return newer_first(candidates, since, restates)
 
 
 def _episode_candidate(row: dict[str, Any]) -> Candidate:
@@ -217,9 +214,10 @@ async def assemble(
     episode_rows = {str(r["id"]): r for r in episodes}
     skip = cfg.skip_served_episodes
     # Hybrid: facts and episodes in one ranked list, a restated value's newest statement
-    # first; seed: facts, multi-hop, then episodes.
+    # first (the SQL finds restatements in hybrid ranking only); seed: facts, multi-hop, then
+    # episodes.
     hybrid = cfg.ranking == "hybrid"
-    fact_candidates = _fact_candidates(rows, cfg.newer_wins_similarity if hybrid else 0.0)
+    fact_candidates = _fact_candidates(rows)
     episode_candidates = [_episode_candidate(r) for r in episodes]
     first = fact_candidates + episode_candidates if hybrid else fact_candidates
     for decision in packer.pack(first, skip_served=skip):
@@ -235,7 +233,7 @@ async def assemble(
         )
         mark = timer.add("retrieve", mark)
         rows_by_id.update((str(r["id"]), r) for r in hops)
-        hop_candidates = _fact_candidates(hops, cfg.newer_wins_similarity if hybrid else 0.0)
+        hop_candidates = _fact_candidates(hops)
         hop_pass = packer.pack(
             hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION, skip_served=skip
         )

@@ -1,7 +1,8 @@
 """Knowledge updates: when a value was stated again later, the newer statement ranks first.
 
 Pure, no I/O. Two facts of one scope state the same thing at different times when they share
-their predicate and their vectors are close (cosine at least `min_similarity`): "Ben lives in
+their predicate and their vectors are close (cosine at least SATCHEL_NEWER_WINS_SIMILARITY; the
+SQL finds those pairs among the candidates, `_RESTATES` in storage/context.py): "Ben lives in
 Paris" (two years ago) and "Ben lives in Nantes" (last week). Neither is superseded (nobody
 linked them), so both stay candidates; the newer one's score is lifted just above the older's
 when it was below, so that the newest is served first. Nothing is lowered: an old fact keeps
@@ -11,10 +12,8 @@ unless they are that close.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-
-import numpy as np
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 from .packing import Candidate
 
@@ -22,34 +21,17 @@ STEP = 1e-6
 """How far above the older statement's score a newer one is put."""
 
 
-@dataclass(frozen=True)
-class Statement:
-    """What the rule needs of a fact: its predicate, when it became valid, its unit vector."""
-
-    predicate: str
-    since: float
-    vector: np.ndarray
-
-
 def newer_first(
-    candidates: Sequence[Candidate], statements: Mapping[str, Statement], min_similarity: float
+    candidates: Sequence[Candidate],
+    since: Mapping[str, float],
+    restates: Mapping[str, Collection[str]],
 ) -> list[Candidate]:
-    """`candidates` with each newer restatement's score lifted above its older one's (facts
-    absent from `statements`, and episodes, are unchanged); `min_similarity <= 0`: off."""
-    if min_similarity <= 0:
-        return list(candidates)
+    """`candidates` with each fact's score lifted just above the score of every older fact it
+    restates (`restates[id]`: ids of those, `since[id]`: when each became valid), when below."""
     scores = {c.id: c.score for c in candidates}
-    known = [c for c in candidates if c.id in statements]
-    # Oldest first: a fact's score is final once every older restatement has lifted it.
-    known.sort(key=lambda c: statements[c.id].since)
-    for i, older in enumerate(known):
-        s_old = statements[older.id]
-        for newer in known[i + 1 :]:
-            s_new = statements[newer.id]
-            if (
-                s_new.predicate == s_old.predicate
-                and s_new.since > s_old.since
-                and float(s_old.vector @ s_new.vector) >= min_similarity
-            ):
-                scores[newer.id] = max(scores[newer.id], scores[older.id] + STEP)
+    older_of = {i: [o for o in restates.get(i, ()) if o in scores] for i in scores}
+    # Oldest first: a fact's score is final once every older restatement has been applied.
+    for newer in sorted((i for i in scores if older_of[i]), key=lambda i: since[i]):
+        for older in older_of[newer]:
+            scores[newer] = max(scores[newer], scores[older] + STEP)
     return [c if scores[c.id] == c.score else replace(c, score=scores[c.id]) for c in candidates]

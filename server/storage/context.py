@@ -73,6 +73,16 @@ _FACTS_AS_OF = (
 # `since_epoch` is when its validity starts, in seconds (a stored column: migration 0007).
 _RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
 
+# The older facts among the `scored` ones that a fact restates (domain/updates.py): same
+# predicate, valid earlier, vectors at least %(newer_wins)s close in cosine (0: off).
+_RESTATES = """ARRAY(
+    SELECT o.id FROM scored o
+    JOIN facts fo ON fo.id = o.id JOIN facts fn ON fn.id = scored.id
+    WHERE %(newer_wins)s > 0 AND o.predicate = scored.predicate
+      AND o.since_epoch < scored.since_epoch
+      AND 1 - (fo.embedding <=> fn.embedding) >= %(newer_wins)s
+)"""
+
 # The hard filters that hide a visible fact `f` at %(at)s.
 _EXPIRED = """(f.stale_after IS NOT NULL
         AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s)"""
@@ -85,7 +95,7 @@ _IN_OPEN_CONFLICT = """EXISTS (
 # The columns packing needs, the score parts and the hard-filter flags of a fact `f`.
 _SCORED_COLUMNS = f"""
     f.id, f.predicate, f.value, f.statement, f.confidence, f.valid_from, f.source_event_ids,
-    f.since_epoch, f.embedding,
+    f.since_epoch,
     1 - (f.embedding <=> %(vector)s) AS similarity,
     {{text_rank}} AS text_rank,
     {_RECENCY} AS recency,
@@ -186,10 +196,13 @@ SELECT ARRAY(
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
 # the other columns are read for the best ones only. Serves small scopes and the benchmarks'
-# reference ranking.
+# reference ranking. `hits` (the text matches, raw ranks computed once) is materialized: where
+# it is read once, PostgreSQL would inline it and rescan it for every fact.
 _EXACT_SQL = """
 WITH q AS ({text_query}),
-hits AS (SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}),
+hits AS MATERIALIZED (
+    SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}
+),
 text_full AS ({text_full}),
 best AS (
     SELECT id, text_rank FROM (
@@ -199,7 +212,8 @@ best AS (
     ORDER BY {ranked_fact_score} DESC, id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
-SELECT *, {score} AS score, {text_full_value} AS text_full FROM scored ORDER BY score DESC, id
+SELECT *, {score} AS score, {text_full_value} AS text_full, {restates} AS restates
+FROM scored ORDER BY score DESC, id
 """
 
 # Two-phase retrieval. Phase 1 has three sources, each returning what bounds the score of a
@@ -210,7 +224,9 @@ SELECT *, {score} AS score, {text_full_value} AS text_full FROM scored ORDER BY 
 # and reports those bounds on every row.
 _CANDIDATES_SQL = """
 WITH q AS ({text_query}),
-hits AS (SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}),
+hits AS MATERIALIZED (
+    SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}
+),
 text_full AS ({text_full}),
 newest AS (
     SELECT f.id, f.since_epoch,
@@ -252,7 +268,8 @@ best AS (
     ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
-SELECT scored.*, {score} AS score, {text_full_value} AS text_full, bounds.*
+SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates,
+       bounds.*
 FROM scored, bounds ORDER BY score DESC, id
 """
 
@@ -277,7 +294,7 @@ hop AS (
     ) h
 ),
 scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q)
-SELECT scored.*, {score} AS score FROM scored ORDER BY score DESC, id
+SELECT scored.*, {score} AS score, {restates} AS restates FROM scored ORDER BY score DESC, id
 """
 
 # Events visible at %(at)s, and whether every fact drawn from an event `e` is hidden (superseded,
@@ -319,15 +336,36 @@ WITH top AS (
     + _EPISODES_TAIL
 )
 
-# Hybrid episodes. Phase 1: the nearest events (HNSW) and the best BM25 matches (GIN), with
-# each one's neighbours in the conversation (the events just before and after it, within
-# %(context_gap)s). Phase 2 scores them all like facts (own score), then lifts each event to
-# its context score when higher: weight x its best neighbour's own score + (1 - weight) x its
-# own. A reply ("Yes, last Sunday") then rises with the question it answers.
+# Hybrid episodes. Phase 1: the nearest events (HNSW) and the best BM25 matches (GIN), scored
+# like facts (own score). Phase 2: the neighbours in the conversation of the best of them (the
+# events just before and after each, within %(context_gap)s), scored too; then each event is
+# lifted to its context score when higher: weight x its best neighbour's own score +
+# (1 - weight) x its own. A reply ("Yes, last Sunday") then rises with the question it answers.
+# Only the best `episode_k` pooled events look for neighbours: a lift is at most the best
+# neighbour's score, so an event next to none of them could not enter the top.
+# The own score of events `e` (joined to the matches `hits`), like a fact's.
+_EVENT_OWN = """
+    SELECT e.id, e.kind, e.occurred_at, e.text,
+           1 - (e.embedding <=> %(vector)s) AS similarity,
+           {hit_text_rank} AS text_rank,
+           {event_recency} AS recency,
+           %(w_similarity)s * (1 - (e.embedding <=> %(vector)s))
+               + %(w_text_rank)s * {hit_text_rank} + %(w_recency)s * {event_recency} AS own_score
+    FROM events e {source} LEFT JOIN hits USING (id)
+"""
+_POOLED_OWN = _EVENT_OWN.format(
+    hit_text_rank=_HIT_TEXT_RANK, event_recency=_EVENT_RECENCY, source="JOIN pool USING (id)"
+)
+_NEIGHBOURS_OWN = _EVENT_OWN.format(
+    hit_text_rank=_HIT_TEXT_RANK,
+    event_recency=_EVENT_RECENCY,
+    source="JOIN (SELECT DISTINCT b AS id FROM links"
+    " WHERE b NOT IN (SELECT id FROM pooled)) n USING (id)",
+)
 _HYBRID_EPISODES_SQL = (
     """
 WITH q AS ({text_query}),
-hits AS (
+hits AS MATERIALIZED (
     SELECT e.id, {event_raw_rank} AS raw FROM events e, q
     WHERE {visible_events} AND {event_match}
 ),
@@ -338,34 +376,26 @@ by_vector AS (
 ),
 by_text AS (SELECT id FROM hits ORDER BY raw DESC LIMIT %(episode_pool)s),
 pool AS (SELECT id FROM by_vector UNION SELECT id FROM by_text),
+pooled AS ({own_of_pool}),
+seeds AS (SELECT id, occurred_at FROM pooled ORDER BY own_score DESC, id LIMIT %(episode_k)s),
 links AS (
     SELECT p.id AS a, n.id AS b
-    FROM pool p JOIN events pe ON pe.id = p.id
+    FROM seeds p
     CROSS JOIN LATERAL (
         (SELECT e.id FROM events e
-         WHERE {visible_events} AND (e.occurred_at, e.id) < (pe.occurred_at, pe.id)
-           AND e.occurred_at >= pe.occurred_at - %(context_gap)s
+         WHERE {visible_events} AND (e.occurred_at, e.id) < (p.occurred_at, p.id)
+           AND e.occurred_at >= p.occurred_at - %(context_gap)s
          ORDER BY e.occurred_at DESC, e.id DESC LIMIT 1)
         UNION ALL
         (SELECT e.id FROM events e
-         WHERE {visible_events} AND (e.occurred_at, e.id) > (pe.occurred_at, pe.id)
-           AND e.occurred_at <= pe.occurred_at + %(context_gap)s
+         WHERE {visible_events} AND (e.occurred_at, e.id) > (p.occurred_at, p.id)
+           AND e.occurred_at <= p.occurred_at + %(context_gap)s
          ORDER BY e.occurred_at, e.id LIMIT 1)
     ) n
 ),
-hood AS (SELECT id FROM pool UNION SELECT b FROM links),
-own AS (
-    SELECT e.id, e.kind, e.occurred_at, e.text,
-           1 - (e.embedding <=> %(vector)s) AS similarity,
-           {hit_text_rank} AS text_rank,
-           {event_recency} AS recency
-    FROM events e JOIN hood USING (id) LEFT JOIN hits USING (id)
-),
 own_scored AS (
-    SELECT own.*,
-           %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
-               AS own_score
-    FROM own
+    SELECT * FROM pooled
+    UNION ALL ({own_of_neighbours})
 ),
 context AS (
     SELECT l.x AS id, max(o.own_score) AS context_score,
@@ -448,6 +478,9 @@ def _render(template: str) -> dict[tuple[str, bool], str]:
                 given_text_full=_GIVEN_TEXT_FULL,
                 text_full_value=_TEXT_FULL,
                 hit_text_rank=_HIT_TEXT_RANK,
+                own_of_pool=_POOLED_OWN,
+                restates=_RESTATES,
+                own_of_neighbours=_NEIGHBOURS_OWN,
                 ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
                 pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
             )
@@ -503,6 +536,7 @@ def _params(
         "w_similarity": cfg.weight_similarity,
         "w_text_rank": cfg.weight_text_rank,
         "w_recency": cfg.weight_recency,
+        "newer_wins": cfg.newer_wins_similarity if cfg.ranking == "hybrid" else 0.0,
         "per_entity": cfg.multi_hop_max_per_entity,
         "hop_scan_limit": MULTI_HOP_SCAN_LIMIT,
     }
