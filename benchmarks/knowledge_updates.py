@@ -183,8 +183,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="satchel-ku-", dir="/var/tmp") as scratch:
-        base = Settings.from_env()
-        settings = replace(base, listen="127.0.0.1:0", data_dir=base.data_dir)
+        settings = replace(Settings.from_env(), listen="127.0.0.1:0")
         if settings.database_url is None:
             settings = replace(settings, data_dir=Path(scratch))
         results = asyncio.run(run(settings))

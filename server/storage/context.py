@@ -74,13 +74,16 @@ _FACTS_AS_OF = (
 _RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
 
 # The older facts among the `scored` ones that a fact restates (domain/updates.py): same
-# predicate, valid earlier, vectors at least %(newer_wins)s close in cosine (0: off).
+# predicate, valid earlier, vectors at least %(newer_wins)s close in cosine (0: off). The
+# vectors of the scored facts are read once (`vectors`), and only when the rule is on.
+_VECTORS = """vectors AS MATERIALIZED (
+    SELECT f.id, f.embedding FROM facts f JOIN scored USING (id) WHERE %(newer_wins)s > 0
+)"""
 _RESTATES = """ARRAY(
-    SELECT o.id FROM scored o
-    JOIN facts fo ON fo.id = o.id JOIN facts fn ON fn.id = scored.id
-    WHERE %(newer_wins)s > 0 AND o.predicate = scored.predicate
+    SELECT o.id FROM scored o JOIN vectors vo ON vo.id = o.id, vectors vn
+    WHERE vn.id = scored.id AND o.predicate = scored.predicate
       AND o.since_epoch < scored.since_epoch
-      AND 1 - (fo.embedding <=> fn.embedding) >= %(newer_wins)s
+      AND 1 - (vo.embedding <=> vn.embedding) >= %(newer_wins)s
 )"""
 
 # The hard filters that hide a visible fact `f` at %(at)s.
@@ -211,7 +214,8 @@ best AS (
     ) f
     ORDER BY {ranked_fact_score} DESC, id LIMIT %(candidate_limit)s
 ),
-scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
+scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
+{vectors}
 SELECT *, {score} AS score, {text_full_value} AS text_full, {restates} AS restates
 FROM scored ORDER BY score DESC, id
 """
@@ -267,7 +271,8 @@ best AS (
     SELECT f.id, pool.text_rank FROM facts f JOIN pool USING (id), q
     ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
-scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q)
+scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
+{vectors}
 SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates,
        bounds.*
 FROM scored, bounds ORDER BY score DESC, id
@@ -293,7 +298,8 @@ hop AS (
         ORDER BY m.embedding <=> %(vector)s LIMIT %(per_entity)s
     ) h
 ),
-scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q)
+scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q),
+{vectors}
 SELECT scored.*, {score} AS score, {restates} AS restates FROM scored ORDER BY score DESC, id
 """
 
@@ -480,6 +486,7 @@ def _render(template: str) -> dict[tuple[str, bool], str]:
                 hit_text_rank=_HIT_TEXT_RANK,
                 own_of_pool=_POOLED_OWN,
                 restates=_RESTATES,
+                vectors=_VECTORS,
                 own_of_neighbours=_NEIGHBOURS_OWN,
                 ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
                 pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
