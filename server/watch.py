@@ -2,7 +2,7 @@
 
 Design (see README, "Watching decisions live"):
 
-- A call is announced only once its trace is committed (a trigger on `context_calls` NOTIFYs
+- A call is announced only once its trace is committed (the statement that writes it NOTIFYs
   `satchel_traces`, delivered by PostgreSQL at commit to every listening replica). Watchers are
   sent the persisted decisions and a packet rebuilt from the persisted rows, never in-memory
   decisions before the commit: a watcher sees exactly what `GetTrace` returns, whichever

@@ -189,9 +189,7 @@ async def test_episodes_never_bring_back_what_the_filters_hid(
     assert "Ana's budget is 3000 euros" in [f.statement for f in reply.packet.facts]
 
 
-async def test_french_text_is_stemmed_in_french(
-    channel: grpc.aio.Channel, project_id: str
-) -> None:
+async def test_french_text_is_stemmed_in_french(channel: grpc.aio.Channel, project_id: str) -> None:
     await assert_facts(
         channel,
         project_id,
@@ -221,6 +219,7 @@ async def test_text_rank_is_okapi_bm25_over_the_scope_statistics(
     ]
     await assert_facts(channel, project_id, statements)
     await record(channel, project_id, "Bread again tonight, Jordan insisted", speaker="Priya")
+    await record(channel, project_id, "He bakes bread, then more bread", speaker="Priya")
     runtime = server.runtime.value
     cfg = runtime.settings.context
     scope = store.Scope(project_id, "user-1", datetime.now(UTC), historical=False)
@@ -247,6 +246,7 @@ async def test_text_rank_is_okapi_bm25_over_the_scope_statistics(
         sizes = await cur.fetchone()
         vector = await runtime.embed_query(query)
         rows = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
+        episodes = await store.fetch_episodes(conn, scope, vector, cfg, plan)
 
     parsed = []
     for lexemes, tokens, text in documents:
@@ -261,9 +261,7 @@ async def test_text_rank_is_okapi_bm25_over_the_scope_statistics(
     average = sizes[1] / sizes[0]
     assert math.isclose(plan.avg_tokens, average)
     raw = {
-        text: sum(
-            _bm25(tf[t], df[t], len(parsed), tokens, average) for t in plan.terms if tf[t]
-        )
+        text: sum(_bm25(tf[t], df[t], len(parsed), tokens, average) for t in plan.terms if tf[t])
         for text, tf, tokens in parsed
     }
     best_fact = max(raw[s] for s in statements)
@@ -273,6 +271,13 @@ async def test_text_rank_is_okapi_bm25_over_the_scope_statistics(
         assert math.isclose(by_statement[statement]["text_rank"], expected, abs_tol=1e-9)
     # Two "bakes" in a longer fact: BM25 saturates tf and normalises length.
     assert by_statement[statements[0]]["text_rank"] != by_statement[statements[1]]["text_rank"]
+    # Events are ranked alike, divided by the best event; "bread" twice reads its frequency.
+    events = {text: raw[text] for text, *_ in parsed if text not in statements}
+    assert len(events) == 2
+    best_event = max(events.values())
+    by_text = {r["text"]: r for r in episodes}
+    for text, value in events.items():
+        assert math.isclose(by_text[text]["text_rank"], value / best_event, abs_tol=1e-9)
 
 
 async def test_a_value_stated_again_later_is_served_newest_first(
@@ -321,3 +326,24 @@ def test_the_knowledge_update_benchmark_runs_every_ranking(settings, test_root) 
         assert 0 <= result["newest_first"] <= result["scenarios"]
     default = results["hybrid (default)"]
     assert default["newest_first"] >= results["hybrid, newer-wins off"]["newest_first"]
+
+
+async def test_scored_columns_stay_in_their_rows(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    """Vectors and lexemes are read for every scored document: none is stored in TOAST, where
+    each read would be an index lookup more (migration 0009)."""
+    await assert_facts(channel, project_id, ["Jordan bakes sourdough bread every Sunday"])
+    await record(channel, project_id, "Bread again tonight, Jordan insisted " * 8)
+    async with server.runtime.value.pool.connection() as conn:
+        cur = await conn.execute(
+            """
+            SELECT count(*) FILTER (WHERE pg_column_toast_chunk_id(embedding) IS NOT NULL
+                                       OR pg_column_toast_chunk_id(lexemes) IS NOT NULL),
+                   count(*)
+            FROM (SELECT embedding, lexemes FROM facts WHERE project_id = %(p)s
+                  UNION ALL SELECT embedding, lexemes FROM events WHERE project_id = %(p)s) d
+            """,
+            {"p": project_id},
+        )
+        assert await cur.fetchone() == (0, 2)

@@ -20,13 +20,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from psycopg import AsyncConnection, AsyncCursor
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
 from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.domain.text_query import MAX_QUERY_TERMS, TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
+from satchel.server.storage.statements import Statement, fetch_all
 
 MULTI_HOP_SCAN_LIMIT = 256
 
@@ -73,18 +74,23 @@ _FACTS_AS_OF = (
 # `since_epoch` is when its validity starts, in seconds (a stored column: migration 0007).
 _RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
 
-# The older facts among the `scored` ones that a fact restates (domain/updates.py): same
-# predicate, valid earlier, vectors at least %(newer_wins)s close in cosine (0: off). The
-# vectors of the scored facts are read once (`vectors`), and only when the rule is on.
-_VECTORS = """vectors AS MATERIALIZED (
+# The older facts among the `scored` ones that each restates (domain/updates.py): same predicate,
+# valid earlier, vectors at least %(newer_wins)s close in cosine (0: off). The vectors of the
+# scored facts are read once (`vectors`), only when the rule is on, and every pair is compared
+# in one join.
+_RESTATED = """vectors AS MATERIALIZED (
     SELECT f.id, f.embedding FROM facts f JOIN scored USING (id) WHERE %(newer_wins)s > 0
+),
+restated AS (
+    SELECT n.id, array_agg(o.id) AS restates
+    FROM scored n JOIN vectors vn ON vn.id = n.id
+    JOIN scored o ON o.predicate = n.predicate AND o.since_epoch < n.since_epoch
+    JOIN vectors vo ON vo.id = o.id
+    WHERE 1 - (vo.embedding <=> vn.embedding) >= %(newer_wins)s
+    GROUP BY n.id
 )"""
-_RESTATES = """ARRAY(
-    SELECT o.id FROM scored o JOIN vectors vo ON vo.id = o.id, vectors vn
-    WHERE vn.id = scored.id AND o.predicate = scored.predicate
-      AND o.since_epoch < scored.since_epoch
-      AND 1 - (vo.embedding <=> vn.embedding) >= %(newer_wins)s
-)"""
+_RESTATES = "coalesce(restated.restates, '{}')"
+_JOIN_RESTATED = "LEFT JOIN restated USING (id)"
 
 # The hard filters that hide a visible fact `f` at %(at)s.
 _EXPIRED = """(f.stale_after IS NOT NULL
@@ -106,15 +112,29 @@ _SCORED_COLUMNS = f"""
     {_IN_OPEN_CONFLICT} AS in_open_conflict
 """
 
-# Okapi BM25 (k1 = 1.2, b = 0.75) of a document `{d}` for the searched lexemes and their IDF:
-# the query's lexemes are marked (weight A) and kept alone, so only they are unnested. Inline
-# rather than a SQL function: a function call per document cost 5x more.
-_BM25 = """(
-    SELECT coalesce(sum(t.idf * cardinality(l.positions) * 2.2 / (cardinality(l.positions)
-        + 1.2 * (0.25 + 0.75 * {d}.lexeme_tokens / %(avg_tokens)s))), 0.0)
-    FROM unnest(ts_filter(setweight({d}.lexemes, 'A', %(terms)s::text[]), '{{a}}')) AS l
-    JOIN unnest(%(terms)s::text[], %(idfs)s::float8[]) AS t(term, idf) ON t.term = l.lexeme
-)"""
+# Okapi BM25 (k1 = 1.2, b = 0.75) of a document `{d}` for the searched lexemes `q.terms` and their
+# IDF `q.idfs`. A document that holds each searched lexeme at most once (none of them among its
+# `repeated_lexemes`, migration 0009) has tf = 1 for the lexemes it holds: its BM25 is the sum of
+# their IDF times 2.2 / (1 + K), K = 1.2 x its length norm, one `@@` per searched lexeme (`q.qN`,
+# NULL beyond the query's lexemes). Otherwise its frequencies are read from its lexemes: those of
+# the query are marked (weight A) and kept alone, so only they are unnested. Inline rather than
+# a SQL function: a call per document cost 5x more.
+_BM25_K = "1.2 * (0.25 + 0.75 * {d}.lexeme_tokens / %(avg_tokens)s)"
+_TERM_SLOTS = range(1, MAX_QUERY_TERMS + 1)
+_BM25_HELD_IDFS = " + ".join(
+    f"CASE WHEN {{d}}.lexemes @@ q.q{i} THEN q.idf{i} ELSE 0.0 END" for i in _TERM_SLOTS
+)
+_BM25 = f"""(CASE WHEN {{d}}.repeated_lexemes @@ q.tsq THEN (
+    SELECT coalesce(sum(t.idf * cardinality(l.positions) * 2.2
+        / (cardinality(l.positions) + {_BM25_K})), 0.0)
+    FROM unnest(ts_filter(setweight({{d}}.lexemes, 'A', q.terms), '{{{{a}}}}')) AS l
+    JOIN unnest(q.terms, q.idfs) AS t(term, idf) ON t.term = l.lexeme
+) ELSE ({_BM25_HELD_IDFS}) * 2.2 / (1 + {_BM25_K}) END)"""
+_HYBRID_QUERY = """SELECT satchel_any_lexeme(%(terms)s::text[]) AS tsq,
+    %(terms)s::text[] AS terms, %(idfs)s::float8[] AS idfs, """ + ", ".join(
+    f"satchel_any_lexeme((%(terms)s::text[])[{i}:{i}]) AS q{i}, (%(idfs)s::float8[])[{i}] AS idf{i}"
+    for i in _TERM_SLOTS
+)
 
 
 @dataclass(frozen=True)
@@ -143,7 +163,7 @@ TEXT_RANKS = {
     # statistics (migration 0008), divided by the best BM25 among the visible documents of the
     # same kind (facts, or events), so that the best match ranks 1.
     "hybrid": TextRank(
-        query="SELECT satchel_any_lexeme(%(terms)s::text[]) AS tsq",
+        query=_HYBRID_QUERY,
         match="{d}.lexemes @@ q.tsq",
         raw=_BM25,
         full="SELECT greatest(coalesce(max(raw), 0.0), 1e-12) AS value FROM hits",
@@ -159,8 +179,7 @@ def _text_rank_of(text: TextRank, alias: str) -> str:
     of scoring, so it runs on matching documents only)."""
     raw = text.raw.format(d=alias)
     return (
-        f"CASE WHEN {text.match.format(d=alias)}"
-        f" THEN least(1.0, {raw} / {_TEXT_FULL}) ELSE 0.0 END"
+        f"CASE WHEN {text.match.format(d=alias)} THEN least(1.0, {raw} / {_TEXT_FULL}) ELSE 0.0 END"
     )
 
 
@@ -202,7 +221,7 @@ SELECT ARRAY(
 # reference ranking. `hits` (the text matches, raw ranks computed once) is materialized: where
 # it is read once, PostgreSQL would inline it and rescan it for every fact.
 _EXACT_SQL = """
-WITH q AS ({text_query}),
+WITH q AS MATERIALIZED ({text_query}),
 hits AS MATERIALIZED (
     SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}
 ),
@@ -215,9 +234,9 @@ best AS (
     ORDER BY {ranked_fact_score} DESC, id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
-{vectors}
-SELECT *, {score} AS score, {text_full_value} AS text_full, {restates} AS restates
-FROM scored ORDER BY score DESC, id
+{restated}
+SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates
+FROM scored {join_restated} ORDER BY score DESC, id
 """
 
 # Two-phase retrieval. Phase 1 has three sources, each returning what bounds the score of a
@@ -227,7 +246,7 @@ FROM scored ORDER BY score DESC, id
 # distance) and the K best full-text matches (GIN: the K-th rank). Phase 2 scores the union
 # and reports those bounds on every row.
 _CANDIDATES_SQL = """
-WITH q AS ({text_query}),
+WITH q AS MATERIALIZED ({text_query}),
 hits AS MATERIALIZED (
     SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}
 ),
@@ -272,10 +291,10 @@ best AS (
     ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
-{vectors}
+{restated}
 SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates,
        bounds.*
-FROM scored, bounds ORDER BY score DESC, id
+FROM scored {join_restated} CROSS JOIN bounds ORDER BY score DESC, id
 """
 
 # Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
@@ -283,7 +302,7 @@ FROM scored, bounds ORDER BY score DESC, id
 # found in very many facts is searched among its first `hop_scan_limit` matches only, which
 # bounds the cost of a common name (a documented trade-off, like phase 1's K).
 _MULTI_HOP_SQL = """
-WITH q AS ({text_query}),
+WITH q AS MATERIALIZED ({text_query}),
 text_full AS ({given_text_full}),
 hop AS (
     SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
@@ -299,8 +318,9 @@ hop AS (
     ) h
 ),
 scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q),
-{vectors}
-SELECT scored.*, {score} AS score, {restates} AS restates FROM scored ORDER BY score DESC, id
+{restated}
+SELECT scored.*, {score} AS score, {restates} AS restates
+FROM scored {join_restated} ORDER BY score DESC, id
 """
 
 # Events visible at %(at)s, and whether every fact drawn from an event `e` is hidden (superseded,
@@ -349,28 +369,31 @@ WITH top AS (
 # (1 - weight) x its own. A reply ("Yes, last Sunday") then rises with the question it answers.
 # Only the best `episode_k` pooled events look for neighbours: a lift is at most the best
 # neighbour's score, so an event next to none of them could not enter the top.
-# The own score of events `e` (joined to the matches `hits`), like a fact's.
+# The own score of events `e`, like a fact's. The text rank is computed again for these few
+# events rather than joined to the matches `hits` (a join on a CTE is a scan of it).
 _EVENT_OWN = """
     SELECT e.id, e.kind, e.occurred_at, e.text,
            1 - (e.embedding <=> %(vector)s) AS similarity,
-           {hit_text_rank} AS text_rank,
+           {event_text_rank} AS text_rank,
            {event_recency} AS recency,
            %(w_similarity)s * (1 - (e.embedding <=> %(vector)s))
-               + %(w_text_rank)s * {hit_text_rank} + %(w_recency)s * {event_recency} AS own_score
-    FROM events e {source} LEFT JOIN hits USING (id)
+               + %(w_text_rank)s * {event_text_rank} + %(w_recency)s * {event_recency} AS own_score
+    FROM events e {source}, q
 """
 _POOLED_OWN = _EVENT_OWN.format(
-    hit_text_rank=_HIT_TEXT_RANK, event_recency=_EVENT_RECENCY, source="JOIN pool USING (id)"
+    event_text_rank="{event_text_rank}",
+    event_recency=_EVENT_RECENCY,
+    source="JOIN pool USING (id)",
 )
 _NEIGHBOURS_OWN = _EVENT_OWN.format(
-    hit_text_rank=_HIT_TEXT_RANK,
+    event_text_rank="{event_text_rank}",
     event_recency=_EVENT_RECENCY,
     source="JOIN (SELECT DISTINCT b AS id FROM links"
     " WHERE b NOT IN (SELECT id FROM pooled)) n USING (id)",
 )
 _HYBRID_EPISODES_SQL = (
     """
-WITH q AS ({text_query}),
+WITH q AS MATERIALIZED ({text_query}),
 hits AS MATERIALIZED (
     SELECT e.id, {event_raw_rank} AS raw FROM events e, q
     WHERE {visible_events} AND {event_match}
@@ -458,38 +481,43 @@ FROM terms
 """
 
 
-def _render(template: str) -> dict[tuple[str, bool], str]:
+def _render(template: str) -> dict[tuple[str, bool], Statement]:
     """The variants of a statement, by (ranking, historical)."""
     variants = {}
     for ranking, text in TEXT_RANKS.items():
         fact_rank = _text_rank_of(text, "f")
         pooled_rank = f"coalesce(pool.text_rank, {fact_rank})"
         for historical, visible in ((False, _CURRENT_FACTS), (True, _FACTS_AS_OF)):
-            variants[(ranking, historical)] = template.format(
-                visible=visible,
-                visible_events=_VISIBLE_EVENTS,
-                expired=_EXPIRED,
-                in_open_conflict=_IN_OPEN_CONFLICT,
-                recency=_RECENCY,
-                event_recency=_EVENT_RECENCY,
-                columns=_SCORED_COLUMNS.format(text_rank=fact_rank),
-                pooled_columns=_SCORED_COLUMNS.format(text_rank=pooled_rank),
-                score=_SCORE,
-                text_query=text.query,
-                match=text.match.format(d="f"),
-                raw_rank=text.raw.format(d="f"),
-                event_match=text.match.format(d="e"),
-                event_raw_rank=text.raw.format(d="e"),
-                text_full=text.full,
-                given_text_full=_GIVEN_TEXT_FULL,
-                text_full_value=_TEXT_FULL,
-                hit_text_rank=_HIT_TEXT_RANK,
-                own_of_pool=_POOLED_OWN,
-                restates=_RESTATES,
-                vectors=_VECTORS,
-                own_of_neighbours=_NEIGHBOURS_OWN,
-                ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
-                pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
+            variants[(ranking, historical)] = Statement.parse(
+                template.format(
+                    visible=visible,
+                    visible_events=_VISIBLE_EVENTS,
+                    expired=_EXPIRED,
+                    in_open_conflict=_IN_OPEN_CONFLICT,
+                    recency=_RECENCY,
+                    event_recency=_EVENT_RECENCY,
+                    columns=_SCORED_COLUMNS.format(text_rank=fact_rank),
+                    pooled_columns=_SCORED_COLUMNS.format(text_rank=pooled_rank),
+                    score=_SCORE,
+                    text_query=text.query,
+                    match=text.match.format(d="f"),
+                    raw_rank=text.raw.format(d="f"),
+                    event_match=text.match.format(d="e"),
+                    event_raw_rank=text.raw.format(d="e"),
+                    text_full=text.full,
+                    given_text_full=_GIVEN_TEXT_FULL,
+                    text_full_value=_TEXT_FULL,
+                    hit_text_rank=_HIT_TEXT_RANK,
+                    own_of_pool=_POOLED_OWN.format(event_text_rank=_text_rank_of(text, "e")),
+                    restates=_RESTATES,
+                    restated=_RESTATED,
+                    join_restated=_JOIN_RESTATED,
+                    own_of_neighbours=_NEIGHBOURS_OWN.format(
+                        event_text_rank=_text_rank_of(text, "e")
+                    ),
+                    ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
+                    pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
+                )
             )
     return variants
 
@@ -629,19 +657,17 @@ async def fetch_fact_candidates(
     """
     params = _params(scope, vector, cfg, plan)
     variant = (cfg.ranking, scope.historical)
-    cur = conn.cursor(row_factory=dict_row)
     if exact or plan.scope_facts <= cfg.exact_scope_max:
-        await cur.execute(EXACT_SQL[variant], params)
-        return await cur.fetchall()
+        return await fetch_all(conn, EXACT_SQL[variant], params)
     async with conn.transaction():
         # Planning this statement for each call's values cost about 2 ms, and its plan does
         # not depend on them: plan it once per connection (benchmarks/context.md).
-        await cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        return await _two_phase(cur, params, cfg, variant)
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        return await _two_phase(conn, params, cfg, variant)
 
 
 async def _two_phase(
-    cur: AsyncCursor[dict[str, Any]],
+    conn: AsyncConnection,
     params: dict[str, Any],
     cfg: ContextSettings,
     variant: tuple[str, bool],
@@ -649,8 +675,7 @@ async def _two_phase(
     """Phase 1 widened until it holds the top (see `fetch_fact_candidates`), then phase 2."""
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
     while True:
-        await cur.execute(CANDIDATES_SQL[variant], params, prepare=True)
-        rows = await cur.fetchall()
+        rows = await fetch_all(conn, CANDIDATES_SQL[variant], params, prepare=True)
         if not rows:
             return rows
         report = source_report(rows[0], params)
@@ -660,8 +685,7 @@ async def _two_phase(
         if params["top_k"] >= cfg.retrieval_top_k_max:
             if report.vector_rows < params["top_k"]:
                 # HNSW cannot reach enough of this scope's facts: score every one of them.
-                await cur.execute(EXACT_SQL[variant], params)
-                return await cur.fetchall()
+                return await fetch_all(conn, EXACT_SQL[variant], params)
             return rows
         params["top_k"] = min(params["top_k"] * 4, cfg.retrieval_top_k_max)
         params["newest_k"] = min(params["newest_k"] * 4, params["newest_window"])
@@ -684,9 +708,7 @@ async def fetch_multi_hop(
         params["text_rank_full"] = text_full
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
-    return await cur.fetchall()
+    return await fetch_all(conn, MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
 
 
 async def fetch_episodes(
@@ -698,10 +720,9 @@ async def fetch_episodes(
     if cfg.episode_top_k == 0:
         return []
     statements = HYBRID_EPISODES_SQL if cfg.ranking == "hybrid" else EPISODES_SQL
-    params = _params(scope, vector, cfg, plan)
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(statements[(cfg.ranking, scope.historical)], params)
-    return await cur.fetchall()
+    return await fetch_all(
+        conn, statements[(cfg.ranking, scope.historical)], _params(scope, vector, cfg, plan)
+    )
 
 
 @dataclass(frozen=True)
@@ -752,7 +773,10 @@ WITH call AS (
         %(as_of)s, %(status)s, %(warnings)s, %(empty_reason)s, %(tokens_used)s,
         %(facts_served)s, %(episodes_served)s, %(embed_ms)s, %(retrieve_ms)s, %(pack_ms)s,
         %(total_ms)s)
-    RETURNING trace_id
+    -- WatchTraces across replicas: the call is announced on `satchel_traces`, delivered on
+    -- commit (a data-modifying CTE runs to completion, even for a call without decisions).
+    RETURNING trace_id, pg_notify('satchel_traces', json_build_object(
+        'project_id', project_id, 'subject_id', subject_id, 'trace_id', trace_id)::text)
 )
 INSERT INTO context_traces ({", ".join(TRACE_COLUMNS)})
 SELECT call.trace_id, d.* FROM call, json_to_recordset(%(decisions)s::json) AS d(
