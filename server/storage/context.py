@@ -372,13 +372,17 @@ WITH top AS (
 # The own score of events `e`, like a fact's. The text rank is computed again for these few
 # events rather than joined to the matches `hits` (a join on a CTE is a scan of it).
 _EVENT_OWN = """
-    SELECT e.id, e.kind, e.occurred_at, e.text,
-           1 - (e.embedding <=> %(vector)s) AS similarity,
-           {event_text_rank} AS text_rank,
-           {event_recency} AS recency,
-           %(w_similarity)s * (1 - (e.embedding <=> %(vector)s))
-               + %(w_text_rank)s * {event_text_rank} + %(w_recency)s * {event_recency} AS own_score
-    FROM events e {source}, q
+    SELECT parts.*,
+           %(w_similarity)s * similarity + %(w_text_rank)s * text_rank
+               + %(w_recency)s * recency AS own_score
+    FROM (
+        SELECT e.id, e.kind, e.occurred_at, e.text,
+               1 - (e.embedding <=> %(vector)s) AS similarity,
+               {event_text_rank} AS text_rank,
+               {event_recency} AS recency
+        FROM events e {source}, q
+        OFFSET 0  -- each part computed once (a flattened subquery would repeat them in the sum)
+    ) parts
 """
 _POOLED_OWN = _EVENT_OWN.format(
     event_text_rank="{event_text_rank}",
