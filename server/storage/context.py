@@ -70,9 +70,12 @@ _FACTS_AS_OF = (
     + FACT_VISIBLE_AT
 )
 
-# The recency of a fact `f` at %(at)s: exp(-age / tau), ages in the future counting as 0.
-# `since_epoch` is when its validity starts, in seconds (a stored column: migration 0007).
-_RECENCY = "exp(least(f.since_epoch - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
+# The recency of a fact `f` at %(at)s: exp(-age / tau), ages in the future counting as 0 and
+# exponents below -700 as -700 (exp(-700) ~ 1e-304: PostgreSQL raises on underflow, which a fact
+# or an event ~61 years old, or a far `as_of`, reached). `since_epoch` is when its validity
+# starts, in seconds (a stored column: migration 0007).
+_DECAY = "exp(greatest(least({since} - %(at_epoch)s, 0.0) / %(tau_seconds)s, -700.0))"
+_RECENCY = _DECAY.format(since="f.since_epoch")
 
 # The older facts among the `scored` ones that each restates (domain/updates.py): same predicate,
 # valid earlier, vectors at least %(newer_wins)s close in cosine (0: off). The vectors of the
@@ -93,8 +96,9 @@ _RESTATES = "coalesce(restated.restates, '{}')"
 _JOIN_RESTATED = "LEFT JOIN restated USING (id)"
 
 # The hard filters that hide a visible fact `f` at %(at)s.
+# (The age is compared, not the instant it ends: valid_from + stale_after can pass 9999-12-31.)
 _EXPIRED = """(f.stale_after IS NOT NULL
-        AND coalesce(f.valid_from, f.recorded_from) + f.stale_after <= %(at)s)"""
+        AND %(at)s - coalesce(f.valid_from, f.recorded_from) >= f.stale_after)"""
 _IN_OPEN_CONFLICT = """EXISTS (
         SELECT 1 FROM conflict_members m JOIN conflict_sets c ON c.id = m.conflict_id
         WHERE m.fact_id = f.id AND c.opened_at <= %(at)s
@@ -330,7 +334,7 @@ _VISIBLE_EVENTS = """
     e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
     AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
 """
-_EVENT_RECENCY = "exp(least(satchel_epoch(e.occurred_at) - %(at_epoch)s, 0.0) / %(tau_seconds)s)"
+_EVENT_RECENCY = _DECAY.format(since="satchel_epoch(e.occurred_at)")
 # The best events `top`, with whether the facts drawn from each are all hidden (one GIN lookup
 # for all of them).
 _EPISODES_TAIL = """
