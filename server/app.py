@@ -22,7 +22,11 @@ from satchel.server.probe import DatabaseProbe
 from satchel.server.runtime import Runtime, RuntimeRef
 from satchel.server.storage import keys as key_store
 from satchel.server.storage.embedded import EmbeddedPostgres
-from satchel.server.storage.migrations import apply_migrations, check_embedding_schema
+from satchel.server.storage.migrations import (
+    apply_migrations,
+    check_embedding_schema,
+    page_token_secret,
+)
 from satchel.server.storage.pool import create_pool
 from satchel.server.telemetry import Telemetry
 from satchel.server.watch import TraceHub
@@ -131,6 +135,7 @@ class SatchelServer:
         )
         dsn, embedder = await asyncio.shield(asyncio.gather(*self._preparing))
         await asyncio.to_thread(check_embedding_schema, dsn, embedder.dimension, embedder.model_id)
+        page_secret = await asyncio.to_thread(page_token_secret, dsn)
         pool = create_pool(
             dsn,
             min_size=settings.db_pool_min,
@@ -149,6 +154,7 @@ class SatchelServer:
             embedder=embedder,
             telemetry=self.telemetry,
             traces=traces,
+            page_secret=page_secret,
         )
 
     def _add_port(self, server: grpc.aio.Server) -> int:

@@ -36,6 +36,8 @@ class Runtime:
     telemetry: Telemetry = field(default_factory=Telemetry)
     # WatchTraces' listener and local watchers (None where nothing is watched, e.g. tools).
     traces: TraceHub | None = None
+    # What page tokens are signed with (the deployment's, `page_token_secret`).
+    page_secret: bytes = b""
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts off the event loop."""

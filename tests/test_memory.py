@@ -4,6 +4,7 @@ idempotency under concurrency, conflicts, batches."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import uuid
 from collections.abc import Awaitable
@@ -412,6 +413,26 @@ async def test_list_facts_pages(channel: grpc.aio.Channel, project_id: str) -> N
     assert len(default.facts) == 26
 
 
+def _forged_tokens(issued: str) -> list[str]:
+    """Tokens the server did not issue: the issued one altered, unsigned documents (one nested
+    deeper than any JSON parser recursion), and one too long to read."""
+    document, _, tag = issued.partition(".")
+    raw = base64.urlsafe_b64decode(document + "=" * (-len(document) % 4))
+    later = raw.replace(b'"k":["', b'"k":["9')  # the same listing, another position
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+    return [
+        f"{b64(later)}.{tag}",
+        b64(raw),
+        f"{b64(raw)}.{b64(bytes(16))}",
+        f"{b64(b'[' * 50_000 + b']' * 50_000)}.{tag}",
+        b64(b"[" * 300 + b"]" * 300),
+        issued + "A" * 600,
+    ]
+
+
 async def test_page_token_is_bound_to_its_listing(
     channel: grpc.aio.Channel, project_id: str
 ) -> None:
@@ -437,6 +458,10 @@ async def test_page_token_is_bound_to_its_listing(
         ),
         memory_pb2.ListFactsRequest(
             project_id=project_id, subject_id="user-1", page_token="not a token"
+        ),
+        *(
+            memory_pb2.ListFactsRequest(project_id=project_id, subject_id="user-1", page_token=t)
+            for t in _forged_tokens(page.next_page_token)
         ),
     ):
         code, violations, _ = await expect_error(api.ListFacts(request))

@@ -407,3 +407,78 @@ def test_invalid_utf8_paths_walks_nested_and_repeated_fields() -> None:
         "requests[1].predicate",
         "requests[1].value.list[0].deep",
     ]
+
+
+# --- nesting and the cost of explaining a decode error ----------------------------------------
+
+
+def _nested_value(levels: int, leaf: bytes = b"\x1a\x01x") -> bytes:
+    """A google.protobuf.Value holding `levels` JSON objects {"a": …} around a string leaf, built
+    on the wire (protobuf itself refuses to build or parse more than 100 message levels)."""
+
+    def length_delimited(number: int, body: bytes) -> bytes:
+        return bytes([number << 3 | 2]) + _varint(len(body)) + body
+
+    value = leaf  # Value.string_value = "x"
+    for _ in range(levels):
+        entry = length_delimited(1, b"a") + length_delimited(2, value)  # Struct.FieldsEntry
+        value = length_delimited(5, length_delimited(1, entry))  # Value.struct_value
+    return value
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = number & 0x7F
+        number >>= 7
+        out.append(byte | (0x80 if number else 0))
+        if not number:
+            return bytes(out)
+
+
+async def test_a_struct_nested_too_deep_is_invalid_argument_naming_its_field(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str
+) -> None:
+    head = memory_pb2.AssertFactRequest(
+        project_id=project_id, subject_id="user-1", predicate="x", statement="deep"
+    ).SerializeToString()
+    value_number = memory_pb2.AssertFactRequest.DESCRIPTOR.fields_by_name["value"].number
+    call = channel.unary_unary(
+        "/satchel.v1.MemoryService/AssertFact", request_serializer=None, response_deserializer=None
+    )
+    for levels in (40, 400, 40_000):  # past the limit, past Python's recursion limit, far past
+        body = _nested_value(levels)
+        request = head + bytes([value_number << 3 | 2]) + _varint(len(body)) + body
+        code, violations, reason = await expect_error(call(request))
+        assert code == INVALID and len(violations) == 1, levels
+        assert fields_of(violations)[0].startswith("value.a.a.a"), "where the limit is crossed"
+        assert reason == "NESTED_TOO_DEEP"
+        assert "deeper than 100 levels" in violations[0][1]
+    assert (await row_counts(pg_dsn, project_id))["facts"] == 0
+
+
+def test_explaining_a_deep_request_costs_memory_in_proportion_to_its_size() -> None:
+    import tracemalloc
+
+    from satchel.server.api.decoding import UndecodableRequest
+
+    data = _nested_value(150_000)  # ~2 MB, every level a copy of the rest before
+    tracemalloc.start()
+    try:
+        error = UndecodableRequest(struct_pb2.Value.DESCRIPTOR, data).error()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert error.reason == "NESTED_TOO_DEEP"
+    assert peak < len(data), f"peak {peak} bytes to explain {len(data)} bytes"
+
+
+def test_reports_are_bounded_in_count_and_length() -> None:
+    from satchel.server.api.decoding import MAX_PATH_CHARS, MAX_REPORTED
+
+    values = [{"k" * 5000: MARK} for _ in range(50)]
+    request = fact_request("p", value={"list": values})
+    raw = request.SerializeToString().replace(MARK.encode(), NOT_UTF8)
+    paths = invalid_utf8_paths(request.DESCRIPTOR, raw)
+    assert len(paths) == MAX_REPORTED
+    assert all(len(p) <= MAX_PATH_CHARS + 1 for p in paths)

@@ -245,7 +245,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         fingerprint = query_fingerprint(
             "events", request.project_id, request.subject_id, as_of.isoformat() if as_of else ""
         )
-        token = decode_page_token(v, "page_token", request.page_token, fingerprint)
+        token = decode_page_token(
+            v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
+        )
         v.raise_if_any()
         rows, at = await memory.list_events(
             self._runtime(),
@@ -260,7 +262,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         if len(rows) > limit:
             rows = rows[:limit]
             last = (rows[-1].occurred_at, rows[-1].id)
-            next_token = encode_page_token(fingerprint, PageToken(at=at, last=last))
+            next_token = encode_page_token(
+                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
+            )
         return memory_pb2.ListEventsResponse(
             events=[event_message(r) for r in rows], next_page_token=next_token
         )
@@ -337,7 +341,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             request.include_inactive,
             as_of.isoformat() if as_of else "",
         )
-        token = decode_page_token(v, "page_token", request.page_token, fingerprint)
+        token = decode_page_token(
+            v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
+        )
         v.raise_if_any()
         rows, at = await memory.list_facts(
             self._runtime(),
@@ -352,7 +358,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         if len(rows) > limit:
             rows = rows[:limit]
             last = (rows[-1].recorded_from, rows[-1].id)
-            next_token = encode_page_token(fingerprint, PageToken(at=at, last=last))
+            next_token = encode_page_token(
+                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
+            )
         return memory_pb2.ListFactsResponse(
             facts=[fact_message(r) for r in rows], next_page_token=next_token
         )

@@ -1,8 +1,13 @@
-"""Opaque page tokens for keyset pagination: URL-safe base64 of a small JSON document.
+"""Opaque page tokens for keyset pagination: a small JSON document, signed.
 
 A token pins the instant the first page was read at (so later pages list the same snapshot)
 and the sort key of the last row returned; it is bound to the request that produced it by a
 fingerprint of the query's other fields, so a token reused with another query is rejected.
+
+A token is `<document>.<tag>` in URL-safe base64, the tag an HMAC-SHA256 (128 bits) of the
+document under the deployment's secret (`satchel_meta`, shared by every replica). A token that
+was not issued by the deployment, or was altered, is refused before its document is read: no
+forged document (a deep JSON, a far instant) reaches the parser or a query.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import json
 import uuid
 from dataclasses import dataclass
@@ -18,6 +24,8 @@ from datetime import datetime
 from satchel.server.errors import Violations
 
 _VERSION = 1
+MAX_TOKEN_CHARS = 512
+_TAG_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,19 @@ def query_fingerprint(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def encode_page_token(fingerprint: str, token: PageToken) -> str:
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _tag(secret: bytes, document: bytes) -> bytes:
+    return hmac.new(secret, document, hashlib.sha256).digest()[:_TAG_BYTES]
+
+
+def encode_page_token(secret: bytes, fingerprint: str, token: PageToken) -> str:
     """The opaque `next_page_token` for a page ending at `token.last`."""
     document = {
         "v": _VERSION,
@@ -43,17 +63,22 @@ def encode_page_token(fingerprint: str, token: PageToken) -> str:
         "k": [token.last[0].isoformat(), str(token.last[1])],
     }
     raw = json.dumps(document, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"{_b64(raw)}.{_b64(_tag(secret, raw))}"
 
 
 def decode_page_token(
-    violations: Violations, field: str, value: str, fingerprint: str
+    violations: Violations, field: str, value: str, fingerprint: str, secret: bytes
 ) -> PageToken | None:
     """Decode a `page_token` (None for the first page, or after adding a violation)."""
     if not value:
         return None
     try:
-        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        if len(value) > MAX_TOKEN_CHARS:
+            raise ValueError("length")
+        encoded, _, tag = value.partition(".")
+        raw = _unb64(encoded)
+        if not hmac.compare_digest(_unb64(tag), _tag(secret, raw)):
+            raise ValueError("signature")
         document = json.loads(raw)
         if document.get("v") != _VERSION:
             raise ValueError("version")

@@ -7,6 +7,7 @@ held around yoyo's own bookkeeping (table `_yoyo_migration`).
 from __future__ import annotations
 
 import importlib.util
+import secrets
 from urllib.parse import quote
 
 import psycopg
@@ -135,3 +136,17 @@ def check_embedding_schema(dsn: str, dimension: int, model_id: str) -> None:
                 f"the database holds vectors of {stored!r} but the configured model is"
                 f" {model_id!r}: vectors of two models cannot be compared"
             )
+
+
+def page_token_secret(dsn: str) -> bytes:
+    """The key page tokens are signed with: made once per database, shared by its replicas."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO satchel_meta (key, value) VALUES ('page_token_secret', %s)"
+            " ON CONFLICT (key) DO NOTHING",
+            (secrets.token_hex(32),),
+        )
+        row = conn.execute(
+            "SELECT value FROM satchel_meta WHERE key = 'page_token_secret'"
+        ).fetchone()
+    return bytes.fromhex(row[0])
