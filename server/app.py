@@ -15,7 +15,7 @@ from satchel.server.api.context import ContextServicer
 from satchel.server.api.memory import MemoryServicer
 from satchel.server.api.talents import TalentServicer
 from satchel.server.auth import AccessInterceptor, KeyCache, Principal
-from satchel.server.config import Settings
+from satchel.server.config import ConfigError, Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.interceptors import ServiceInterceptor
 from satchel.server.probe import DatabaseProbe
@@ -161,15 +161,20 @@ class SatchelServer:
         """Listen with TLS when SATCHEL_TLS_CERT/KEY are set (client certificates required
         when SATCHEL_TLS_CLIENT_CA is set), else in plain text."""
         settings = self.settings
-        if settings.tls_cert is None or settings.tls_key is None:
-            return server.add_insecure_port(settings.listen)
-        client_ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
-        credentials = grpc.ssl_server_credentials(
-            [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
-            root_certificates=client_ca,
-            require_client_auth=client_ca is not None,
-        )
-        return server.add_secure_port(settings.listen, credentials)
+        try:
+            if settings.tls_cert is None or settings.tls_key is None:
+                return server.add_insecure_port(settings.listen)
+            client_ca = settings.tls_client_ca.read_bytes() if settings.tls_client_ca else None
+            credentials = grpc.ssl_server_credentials(
+                [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,
+            )
+            return server.add_secure_port(settings.listen, credentials)
+        except RuntimeError as exc:  # grpcio: "Failed to bind to address …"
+            raise ConfigError(
+                f"SATCHEL_LISTEN {settings.listen}: cannot listen there (is the port in use?)"
+            ) from exc
 
     def _log_access(self) -> None:
         settings = self.settings

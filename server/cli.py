@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from satchel import __version__
-from satchel.server.config import ConfigError, Settings
+from satchel.server.config import ConfigError, Settings, unknown_variables
 from satchel.server.logs import configure_logging
 
 log = structlog.get_logger("satchel")
@@ -137,14 +139,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC's own log lines (fork_posix notices, a failed bind) are not satchel's lines: noise in
+    # a terminal, unparsable in a JSON log; what matters reaches satchel as an error it logs
+    # itself. Set before gRPC is first imported; GRPC_VERBOSITY, when set, still decides.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
         print(f"satchel: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
     func: Callable[[argparse.Namespace, Settings], int] = args.func
+    # People read the other commands' logs (an in-process server's warnings, say): console
+    # lines unless SATCHEL_LOG_FORMAT asks otherwise. The server logs JSON for machines.
+    if func is not cmd_serve and not os.environ.get("SATCHEL_LOG_FORMAT"):
+        settings = replace(settings, log_format="console")
+    configure_logging(settings.log_level, settings.log_format)
+    for name, closest in unknown_variables():
+        hint = f" (did you mean {closest}?)" if closest else ""
+        if func is cmd_serve:
+            log.warning("unknown_setting", variable=name, did_you_mean=closest)
+        else:
+            print(f"satchel: warning: {name} is not a satchel setting{hint}", file=sys.stderr)
     try:
         return func(args, settings)
     except ConfigError as exc:

@@ -6,9 +6,11 @@ with a message naming the variable.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -166,7 +168,7 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """Build settings from SATCHEL_* variables (or `env`), validating each."""
         env = dict(os.environ if env is None else env)
-        top = _read(cls, env, "SATCHEL_", skip={"context", "talents"})
+        top = _read(cls, env, "SATCHEL_", skip=_NESTED)
         context = ContextSettings(**_read(ContextSettings, env, "SATCHEL_"))
         talents = TalentSettings(**_read(TalentSettings, env, "SATCHEL_TALENT_"))
         settings = cls(**top, context=context, talents=talents)
@@ -225,7 +227,14 @@ class Settings:
             (t.margin is None or t.margin >= 0, "SATCHEL_TALENT_MARGIN must not be negative"),
             (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
-            (":" in self.listen, "SATCHEL_LISTEN must be host:port"),
+            (
+                self.log_level.lower() in LOG_LEVELS,
+                f"SATCHEL_LOG_LEVEL is {'|'.join(LOG_LEVELS)} (got {self.log_level!r})",
+            ),
+            (
+                is_address(self.listen),
+                f"SATCHEL_LISTEN must be host:port with a port in 0-65535 (got {self.listen!r})",
+            ),
             (self.auth in ("", "required", "disabled"), "SATCHEL_AUTH is required|disabled"),
             (self.auth_cache_seconds >= 0, "SATCHEL_AUTH_CACHE_SECONDS must not be negative"),
             (
@@ -245,8 +254,8 @@ class Settings:
             ),
             (self.db_probe_seconds > 0, "SATCHEL_DB_PROBE_SECONDS must be positive"),
             (
-                not self.metrics_listen or ":" in self.metrics_listen,
-                "SATCHEL_METRICS_LISTEN must be host:port (or empty: off)",
+                not self.metrics_listen or is_address(self.metrics_listen),
+                "SATCHEL_METRICS_LISTEN must be host:port with a port in 0-65535 (or empty: off)",
             ),
             (self.otel in OTEL_MODES, "SATCHEL_OTEL is off|otlp|console|global"),
             (c.watch_queue_traces >= 1, "SATCHEL_WATCH_QUEUE_TRACES must be at least 1"),
@@ -284,6 +293,50 @@ def listens_on_loopback_only(listen: str) -> bool:
         return False
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def is_address(listen: str) -> bool:
+    """`host:port` with a host (a name, an IPv4 address or a bracketed IPv6 one) and a port in
+    0-65535 (0: any free port)."""
+    host, colon, port = listen.rpartition(":")
+    return bool(colon and host.strip("[]") and port.isdigit() and int(port) <= 65535)
+
+
+# SATCHEL_* variables read outside Settings: by the CLI and the SDK (the server's address and
+# API key) and by scripts/run.
+OTHER_VARIABLES = frozenset({"SATCHEL_ADDRESS", "SATCHEL_API_KEY", "SATCHEL_RUN_DEMO"})
+
+
+def known_variables() -> frozenset[str]:
+    """Every SATCHEL_* variable satchel reads."""
+    names = {"SATCHEL_" + f.name.upper() for f in fields(Settings) if f.name not in _NESTED} | {
+        "SATCHEL_" + f.name.upper() for f in fields(ContextSettings)
+    }
+    names |= {"SATCHEL_TALENT_" + f.name.upper() for f in fields(TalentSettings)}
+    return frozenset(names) | OTHER_VARIABLES
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """The SATCHEL_* variables of `env` that satchel does not read (a typo is otherwise silently
+    ignored), each with the closest known name (None when nothing is close)."""
+    env = os.environ if env is None else env
+    known = {name.removeprefix("SATCHEL_"): name for name in known_variables()}
+
+    def closest(name: str) -> str | None:
+        found = difflib.get_close_matches(name.removeprefix("SATCHEL_"), known, n=1, cutoff=0.75)
+        return known[found[0]] if found else None
+
+    return [
+        (name, closest(name))
+        for name in sorted(env)
+        if name.startswith("SATCHEL_") and name.removeprefix("SATCHEL_") not in known
+    ]
+
+
+_NESTED = {"context", "talents"}
+
+
 def _read(cls: type, env: dict[str, str], prefix: str, skip: set[str] = frozenset()) -> dict:
     values: dict[str, Any] = {}
     for f in fields(cls):
@@ -306,7 +359,10 @@ def _convert(name: str, raw: str, type_name: str) -> Any:
         if type_name == "int":
             return int(raw)
         if type_name == "float":
-            return float(raw)
+            number = float(raw)
+            if not math.isfinite(number):
+                raise ValueError("not finite")
+            return number
         if "Path" in type_name:
             return Path(raw).expanduser()
         if type_name == "bool":
@@ -315,5 +371,6 @@ def _convert(name: str, raw: str, type_name: str) -> Any:
                 raise ValueError(f"{word} is not one of {', '.join(BOOLEANS)}")
             return BOOLEANS[word]
     except ValueError as exc:
-        raise ConfigError(f"{name}={raw!r} is not a valid {type_name}") from exc
+        what = "finite number" if type_name == "float" else type_name
+        raise ConfigError(f"{name}={raw!r} is not a valid {what}") from exc
     return raw

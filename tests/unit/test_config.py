@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from satchel.server.config import ConfigError, Settings
+from satchel.server.config import ConfigError, Settings, unknown_variables
 
 
 @pytest.mark.parametrize(
@@ -43,9 +45,9 @@ def test_hybrid_ranking_is_the_default_and_the_seed_formula_is_reachable() -> No
     ("name", "raw", "message"),
     [
         ("SATCHEL_RANKING", "bm25", "SATCHEL_RANKING is hybrid|seed"),
-        ("SATCHEL_WEIGHT_SIMILARITY", "nan", "SATCHEL_WEIGHT_SIMILARITY must be a finite"),
+        ("SATCHEL_WEIGHT_SIMILARITY", "nan", "SATCHEL_WEIGHT_SIMILARITY.* finite"),
         ("SATCHEL_WEIGHT_TEXT_RANK", "-1", "SATCHEL_WEIGHT_TEXT_RANK must be a finite"),
-        ("SATCHEL_WEIGHT_RECENCY", "inf", "SATCHEL_WEIGHT_RECENCY must be a finite"),
+        ("SATCHEL_WEIGHT_RECENCY", "inf", "SATCHEL_WEIGHT_RECENCY.* finite"),
         ("SATCHEL_EPISODE_CONTEXT_WEIGHT", "1.5", "SATCHEL_EPISODE_CONTEXT_WEIGHT must be in"),
         ("SATCHEL_EPISODE_CONTEXT_GAP_SECONDS", "-1", "SATCHEL_EPISODE_CONTEXT_GAP_SECONDS"),
         ("SATCHEL_EPISODE_POOL", "0", "SATCHEL_EPISODE_POOL must be positive"),
@@ -55,3 +57,43 @@ def test_hybrid_ranking_is_the_default_and_the_seed_formula_is_reachable() -> No
 def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_env({name: raw})
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("SATCHEL_LISTEN", "127.0.0.1:99999", "SATCHEL_LISTEN must be host:port with a port in"),
+        ("SATCHEL_LISTEN", "127.0.0.1:", "SATCHEL_LISTEN must be host:port"),
+        ("SATCHEL_LISTEN", ":51110", "SATCHEL_LISTEN must be host:port"),
+        ("SATCHEL_LISTEN", "[]:50051", "SATCHEL_LISTEN must be host:port"),
+        ("SATCHEL_METRICS_LISTEN", "127.0.0.1:x", "SATCHEL_METRICS_LISTEN must be host:port"),
+        ("SATCHEL_LOG_LEVEL", "loud", "SATCHEL_LOG_LEVEL is debug|info|warning|error|critical"),
+        ("SATCHEL_DB_POOL_TIMEOUT", "nan", "SATCHEL_DB_POOL_TIMEOUT='nan' is not a valid finite"),
+        ("SATCHEL_RECENCY_TAU_DAYS", "inf", "SATCHEL_RECENCY_TAU_DAYS='inf' is not a valid finite"),
+    ],
+)
+def test_bad_values_stop_the_server_naming_the_variable(name: str, raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.from_env({name: raw})
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:50051", "[::1]:65535", "0.0.0.0:1"])
+def test_good_addresses_are_accepted(listen: str) -> None:
+    assert Settings.from_env({"SATCHEL_LISTEN": listen}).listen == listen
+
+
+def test_unknown_variables_are_named_with_the_closest_setting() -> None:
+    env = {
+        "SATCHEL_WIEGHT_RECENCY": "0",
+        "SATCHEL_TALENT_MARGN": "0.2",
+        "SATCHEL_NOTHING_LIKE_IT": "1",
+        "SATCHEL_LISTEN": "127.0.0.1:0",
+        "SATCHEL_API_KEY": "k",
+        "SATCHEL_TALENT_MARGIN": "0.2",
+        "PATH": "/bin",
+    }
+    assert unknown_variables(env) == [
+        ("SATCHEL_NOTHING_LIKE_IT", None),
+        ("SATCHEL_TALENT_MARGN", "SATCHEL_TALENT_MARGIN"),
+        ("SATCHEL_WIEGHT_RECENCY", "SATCHEL_WEIGHT_RECENCY"),
+    ]
