@@ -73,12 +73,14 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
-    """Exit 0 when the server at SATCHEL_LISTEN reports SERVING (for container health checks)."""
+    """Exit 0 when the server at --address (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN)
+    reports SERVING (for container health checks)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    host, _, port = settings.listen.rpartition(":")
-    target = f"{'127.0.0.1' if host in ('0.0.0.0', '', '[::]') else host}:{port}"
+    from satchel.server.commands.common import server_address
+
+    target = server_address(args)
     try:
         with _health_channel(args, settings, target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -131,7 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(commands)
     commands.add_parser("serve", help="run the gRPC server").set_defaults(func=cmd_serve)
     commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
-    check = commands.add_parser("healthcheck", help="exit 0 when the local server is SERVING")
+    check = commands.add_parser("healthcheck", help="exit 0 when the server is SERVING")
+    check.add_argument(
+        "--address",
+        help="server host:port (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN, else "
+        "127.0.0.1:50051)",
+    )
     check.add_argument("--timeout", type=float, default=3.0)
     check.add_argument("--tls-ca", type=Path, help="CA file to trust (with SATCHEL_TLS_CERT)")
     check.set_defaults(func=cmd_healthcheck)
@@ -166,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"satchel: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`satchel context --json | head`): stop quietly, as cat does.
+        # Python would still flush stdout at exit into the closed pipe: point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

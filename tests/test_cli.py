@@ -464,3 +464,33 @@ async def test_watch_follows_the_calls_of_the_real_server(address: str, project_
     assert seen, "the watcher printed nothing"
     assert seen[-1]["trace_id"] in trace_ids and seen[-1]["subject_id"] == "watched"
     assert {m["trace_id"] for m in seen} == {seen[-1]["trace_id"]}
+
+
+async def test_output_cut_short_by_its_reader_ends_quietly(address: str, project_id: str) -> None:
+    """`satchel context --json | head` (or --prompt) when the reader has gone: here a reader
+    that exits at once, so every write meets a closed pipe."""
+    await demo(address, project_id)
+    scope = ["--project", project_id, "--subject", "maya", "--address", address]
+    base = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_VARS}
+    for output in ("--json", "--prompt"):
+        reader = subprocess.Popen(["true"], stdin=subprocess.PIPE)
+        assert reader.wait(timeout=10) == 0
+        writer = await asyncio.to_thread(
+            subprocess.run,
+            [SATCHEL, "context", *scope, "--query", "What does Maya eat?", output],
+            stdout=reader.stdin,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=base,
+        )
+        reader.stdin.close()
+        assert "Traceback" not in writer.stderr, writer.stderr
+        assert writer.returncode == 141, writer.stderr
+
+
+async def test_healthcheck_takes_an_address(address: str) -> None:
+    result = await satchel("healthcheck", "--address", address)
+    assert result.returncode == 0 and result.stdout.strip() == f"{address}: SERVING"
+    result = await satchel("healthcheck", "--address", "127.0.0.1:1", "--timeout", "1")
+    assert result.returncode == 1 and "127.0.0.1:1: UNAVAILABLE" in result.stderr
