@@ -185,3 +185,22 @@ def test_scripts_run_serves_runs_the_demo_and_stops_cleanly_on_sigterm(test_root
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         _stop_leftover(pgdata)
+
+
+def test_scripts_run_refuses_an_address_already_in_use(test_root: Path) -> None:
+    """Another server at SATCHEL_LISTEN would answer the health checks and receive the demo's
+    sample memory: scripts/run stops first, writing nothing anywhere."""
+    data_dir = Path(tempfile.mkdtemp(prefix="run-taken-", dir=test_root))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SATCHEL_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        env.update(SATCHEL_DATA_DIR=str(data_dir), SATCHEL_LISTEN=address)
+        result = subprocess.run(
+            ["scripts/run"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+    assert result.returncode == 1
+    assert f"satchel: {address} is already in use" in result.stderr
+    assert "starting" not in result.stdout
+    assert not (data_dir / "pg").exists(), "nothing was started"
