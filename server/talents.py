@@ -157,11 +157,25 @@ def render_compiled(talents: Sequence[ScorableTalent], out_of_domain: bool) -> s
     Nothing selected: a note when the task is out of domain, else an empty string.
     """
     if talents:
-        sections = [f"## {talent.name}\n{talent.body.strip()}".rstrip() for talent in talents]
+        sections = [f"## {talent.name}\n{_body(talent)}".rstrip() for talent in talents]
         return "\n".join([COMPILED_OPEN, "\n\n".join(sections), COMPILED_CLOSE])
     if out_of_domain:
         return "\n".join([COMPILED_OPEN, OUT_OF_DOMAIN_TEXT, COMPILED_CLOSE])
     return ""
+
+
+def _heading_key(text: str) -> str:
+    return "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
+def _body(talent: ScorableTalent) -> str:
+    """A talent's body without a first heading that only repeats its name (a SKILL.md or a rule
+    file often opens with `# Name`): the compiled block already heads it `## Name`."""
+    body = talent.body.strip()
+    first, _, rest = body.partition("\n")
+    if first.startswith("#") and _heading_key(first.lstrip("#")) == _heading_key(talent.name):
+        return rest.strip()
+    return body
 
 
 def _resolved(decision: ScoredTalent, name: str, reason: str | None = None) -> ResolvedTalent:
