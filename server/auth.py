@@ -87,8 +87,9 @@ KeyLookup = Callable[[bytes], Awaitable[Principal | None]]
 class KeyCache:
     """Answers "whose key is this?" from memory for `ttl` seconds after each database lookup.
 
-    Unknown keys are cached too (a client retrying a bad key costs nothing), the cache holds at
-    most `max_entries` keys, and concurrent misses of one key share a single lookup.
+    Unknown keys are cached too (a client retrying a bad key costs nothing), apart from the
+    known ones: each side holds at most `max_entries` keys, so that a flood of random keys
+    never evicts the keys in use. Concurrent misses of one key share a single lookup.
     """
 
     def __init__(
@@ -104,13 +105,14 @@ class KeyCache:
         self._max_entries = max_entries
         self._clock = clock
         self._entries: dict[bytes, tuple[float, Principal | None]] = {}
+        self._unknown: dict[bytes, tuple[float, Principal | None]] = {}
         self._pending: dict[bytes, asyncio.Task[Principal | None]] = {}
         self.lookups = 0
         """Database lookups made so far (for tests and metrics)."""
 
     async def get(self, key_hash: bytes) -> Principal | None:
         """The key's principal (None: unknown or revoked), from memory when fresh enough."""
-        entry = self._entries.get(key_hash)
+        entry = self._entries.get(key_hash) or self._unknown.get(key_hash)
         if entry is not None and entry[0] > self._clock():
             return entry[1]
         task = self._pending.get(key_hash)
@@ -136,11 +138,14 @@ class KeyCache:
 
     def _store(self, key_hash: bytes, principal: Principal | None) -> None:
         now = self._clock()
-        if len(self._entries) >= self._max_entries:
-            self._entries = {k: v for k, v in self._entries.items() if v[0] > now}
-            while len(self._entries) >= self._max_entries:  # evict the oldest entries
-                del self._entries[next(iter(self._entries))]
-        self._entries[key_hash] = (now + self._ttl, principal)
+        side = self._entries if principal is not None else self._unknown
+        (self._unknown if principal is not None else self._entries).pop(key_hash, None)
+        if len(side) >= self._max_entries:
+            for stale in [k for k, v in side.items() if v[0] <= now]:
+                del side[stale]
+            while len(side) >= self._max_entries:  # evict the oldest entries
+                del side[next(iter(side))]
+        side[key_hash] = (now + self._ttl, principal)
 
 
 def bearer_key(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:

@@ -34,6 +34,7 @@ from satchel.server.auth import (
     KeyCache,
     Principal,
     bearer_key,
+    hash_key,
     request_projects,
 )
 from satchel.server.config import Settings, listens_on_loopback_only
@@ -104,7 +105,35 @@ async def test_key_cache_shares_lookups_and_expires() -> None:
     assert calls.count(b"good") == 2, "an expired entry is looked up again"
     for i in range(10):
         await cache.get(bytes([i]))
-    assert len(cache._entries) <= 3, "the cache is bounded"
+    assert len(cache._unknown) <= 3, "the cache is bounded"
+    await cache.get(b"good")
+    assert calls.count(b"good") == 2, "a flood of unknown keys does not evict a key in use"
+    for i in range(10):
+        cache._store(bytes([100 + i]), Principal(f"k{i}", "p"))
+    assert len(cache._entries) <= 3, "known keys are bounded too"
+
+
+async def test_an_unknown_key_costs_no_write(pg_dsn: str) -> None:
+    """Looking a key up writes only for a known key whose last use is older than a minute."""
+    from satchel.server.storage import keys as key_store
+
+    project = "sec-w-" + str(time.time_ns())
+    key = await asyncio.to_thread(new_key, pg_dsn, project)
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        await conn.execute("SET default_transaction_read_only = on")
+        await conn.commit()
+        assert await key_store.find_active_key(conn, hash_key("satchel_unknown")) is None
+        assert await key_store.find_active_key(conn, b"\x00" * 32) is None
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):  # a first use is noted
+            await key_store.find_active_key(conn, hash_key(key))
+        await conn.rollback()
+        await conn.execute("SET default_transaction_read_only = off")
+        await conn.commit()
+        found = await key_store.find_active_key(conn, hash_key(key))
+        assert found is not None and found[1] == project
+        await conn.execute("SET default_transaction_read_only = on")
+        await conn.commit()
+        assert await key_store.find_active_key(conn, hash_key(key)) == found, "noted a moment ago"
 
 
 async def test_every_rpc_checks_the_key_and_its_project(settings: Settings, pg_dsn: str) -> None:

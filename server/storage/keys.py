@@ -72,15 +72,26 @@ def list_keys(conn: psycopg.Connection, project_id: str | None) -> list[ApiKeyRo
     return cur.fetchall()
 
 
+# How stale `last_used_at` may get: a key in use is noted at most once a minute per lookup.
+LAST_USED_RESOLUTION = "1 minute"
+
+
 async def find_active_key(
     conn: AsyncConnection, key_hash: bytes
 ) -> tuple[uuid.UUID, str | None] | None:
-    """(id, project_id) of the unrevoked key with this hash, noting its use; None if unknown."""
+    """(id, project_id) of the unrevoked key with this hash, noting its use; None if unknown.
+
+    An unknown key costs one read and no write (a flood of random keys is no write load); a
+    known key's `last_used_at` is written when it is older than `LAST_USED_RESOLUTION`.
+    """
     cur = await conn.execute(
-        "UPDATE api_keys SET last_used_at = now()"
-        " WHERE key_hash = %s AND revoked_at IS NULL RETURNING id, project_id",
+        "SELECT id, project_id, last_used_at IS NULL"
+        f" OR last_used_at < now() - interval '{LAST_USED_RESOLUTION}'"
+        " FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
         (key_hash,),
     )
     row = await cur.fetchone()
+    if row is not None and row[2]:
+        await conn.execute("UPDATE api_keys SET last_used_at = now() WHERE id = %s", (row[0],))
     await conn.commit()
     return (row[0], row[1]) if row else None
