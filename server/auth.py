@@ -24,6 +24,7 @@ into google.rpc.Status and logs the call):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 import time
@@ -101,7 +102,7 @@ class KeyCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lookup = lookup
-        self._ttl = ttl
+        self.ttl = ttl
         self._max_entries = max_entries
         self._clock = clock
         self._entries: dict[bytes, tuple[float, Principal | None]] = {}
@@ -126,7 +127,7 @@ class KeyCache:
     async def _load(self, key_hash: bytes) -> Principal | None:
         self.lookups += 1
         principal = await self._lookup(key_hash)
-        if self._ttl > 0:
+        if self.ttl > 0:
             self._store(key_hash, principal)
         return principal
 
@@ -145,7 +146,7 @@ class KeyCache:
                 del side[stale]
             while len(side) >= self._max_entries:  # evict the oldest entries
                 del side[next(iter(side))]
-        side[key_hash] = (now + self._ttl, principal)
+        side[key_hash] = (now + self.ttl, principal)
 
 
 def bearer_key(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
@@ -278,20 +279,54 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 ),
             )
         principal: Principal | None = None
+        key_hash = b""
         if self._keys is not None:
             try:
-                key = bearer_key(details.invocation_metadata)
-                principal = await self._keys.get(hash_key(key))
+                key_hash = hash_key(bearer_key(details.invocation_metadata))
+                principal = await self._keys.get(key_hash)
                 if principal is None:
                     raise Unauthenticated(
                         "the API key is unknown or revoked", reason="INVALID_API_KEY"
                     )
             except Exception as exc:  # ServiceInterceptor translates it
                 return _refusing(handler, exc)
-        return self._wrap(handler, method, principal)
+        return self._wrap(handler, method, principal, key_hash)
+
+    async def _while_valid(
+        self, messages: AsyncIterator[Any], key_hash: bytes
+    ) -> AsyncIterator[Any]:
+        """`messages`, ended with UNAUTHENTICATED once the key is revoked: it is checked again
+        each cache time (SATCHEL_AUTH_CACHE_SECONDS) while the stream lasts, waiting or not."""
+        assert self._keys is not None
+        period = max(self._keys.ttl, 0.1)
+        pending: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(messages))
+                done, _ = await asyncio.wait({pending}, timeout=period)
+                if pending in done:
+                    try:
+                        message = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    pending = None
+                    yield message
+                if await self._keys.get(key_hash) is None:
+                    raise Unauthenticated("the API key was revoked", reason="INVALID_API_KEY")
+        finally:
+            if pending is not None:  # the next message was being made: stop that first
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            await messages.aclose()
 
     def _wrap(
-        self, handler: grpc.RpcMethodHandler, method: str, principal: Principal | None
+        self,
+        handler: grpc.RpcMethodHandler,
+        method: str,
+        principal: Principal | None,
+        key_hash: bytes,
     ) -> grpc.RpcMethodHandler:
         if handler.request_streaming:
             # Requests cannot be inspected before the call starts: admin keys only.
@@ -321,7 +356,10 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             client = f"key:{principal.key_id}" if principal else f"peer:{_peer_host(context)}"
             self.streams.acquire(client)
             try:
-                async for message in inner(request, context):
+                messages = inner(request, context)
+                if principal is not None:
+                    messages = self._while_valid(messages, key_hash)
+                async for message in messages:
                     yield message
             finally:
                 self.streams.release(client)

@@ -233,7 +233,8 @@ class Settings:
             ),
             (
                 is_address(self.listen),
-                f"SATCHEL_LISTEN must be host:port with a port in 0-65535 (got {self.listen!r})",
+                f"SATCHEL_LISTEN must be host:port with a port in 0-65535 (got {self.listen!r};"
+                " every interface: 0.0.0.0:PORT or [::]:PORT)",
             ),
             (self.auth in ("", "required", "disabled"), "SATCHEL_AUTH is required|disabled"),
             (self.auth_cache_seconds >= 0, "SATCHEL_AUTH_CACHE_SECONDS must not be negative"),
