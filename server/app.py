@@ -11,6 +11,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from satchel.server.admission import FairAdmission
 from satchel.server.api.context import ContextServicer
 from satchel.server.api.memory import MemoryServicer
 from satchel.server.api.talents import TalentServicer
@@ -73,6 +74,10 @@ class SatchelServer:
         self.access = AccessInterceptor(
             keys=self.keys,
             max_streams_per_client=settings.max_streams_per_client,
+            max_watches_per_client=settings.max_watches_per_client,
+            admission=FairAdmission(
+                settings.active_calls(), settings.max_calls_per_client, settings.max_calls
+            ),
             database_up=lambda: self.probe is None or self.probe.up,
         )
 

@@ -16,9 +16,13 @@ into google.rpc.Status and logs the call):
   request names no project field at all needs an admin key too (fail closed).
 - **Database gate**: while the database probe (`satchel.server.probe`) finds PostgreSQL down,
   every satchel.v1 call fails at once with `UNAVAILABLE` / `DATABASE_UNAVAILABLE`.
-- **Stream limit**: at most `SATCHEL_MAX_STREAMS_PER_CLIENT` server streams (StreamContext,
-  WatchTraces) run at once per client, the client being its key (or, without auth, its peer
-  address); one more is `RESOURCE_EXHAUSTED`.
+- **Fair admission** (`satchel.server.admission`): at most `SATCHEL_MAX_ACTIVE_CALLS` calls run
+  at once, waiting calls are admitted client by client in rotation, and a client may have
+  `SATCHEL_MAX_CALLS_PER_CLIENT` calls running or waiting (all clients `SATCHEL_MAX_CALLS`);
+  one more is `RESOURCE_EXHAUSTED`. WatchTraces lasts, so it is not admitted but counted.
+- **Stream limits**: at most `SATCHEL_MAX_STREAMS_PER_CLIENT` StreamContext and, apart,
+  `SATCHEL_MAX_WATCHES_PER_CLIENT` WatchTraces streams per client; one more is
+  `RESOURCE_EXHAUSTED`. A client is its key or, without auth, its connection.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from satchel.server.admission import FairAdmission
 from satchel.server.errors import (
     PermissionDenied,
     ResourceExhausted,
@@ -213,24 +218,20 @@ def authorize(method: str, principal: Principal, request: Any) -> None:
             )
 
 
-def _peer_host(context: grpc.aio.ServicerContext) -> str:
-    peer = context.peer() or "unknown"
-    return peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
-
-
 class StreamSlots:
-    """Counts the server streams each client has open."""
+    """Counts the server streams (of one kind) each client has open."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, what: str = "streams") -> None:
         self.limit = limit
+        self.what = what
         self._open: dict[str, int] = {}
 
     def acquire(self, client: str) -> None:
         count = self._open.get(client, 0)
         if count >= self.limit:
             raise ResourceExhausted(
-                f"this client already has {count} streams open (the limit is {self.limit})",
-                reason="TOO_MANY_STREAMS",
+                f"this client already has {count} {self.what} open (the limit is {self.limit})",
+                reason=f"TOO_MANY_{self.what.upper()}",
                 metadata={"limit": str(self.limit)},
             )
         self._open[client] = count + 1
@@ -243,12 +244,17 @@ class StreamSlots:
             self._open.pop(client, None)
 
 
-class AccessInterceptor(grpc.aio.ServerInterceptor):
-    """Gates on the database, authenticates, authorizes and limits the streams of every
-    satchel.v1 call.
+WATCH_METHOD = "/satchel.v1.ContextService/WatchTraces"
 
-    `keys` is None when auth is disabled (streams are then counted per peer address).
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Gates on the database, authenticates, authorizes, admits (fairly) and limits the streams
+    of every satchel.v1 call.
+
+    `keys` is None when auth is disabled (a client is then its connection, else its key).
     `database_up` is the probe's verdict; calls are refused at once while it is False.
+    `admission` takes every call but WatchTraces, which lasts: watches and context streams are
+    counted apart (`watches`, `streams`), so that watches never use up other streams' room.
     """
 
     def __init__(
@@ -256,11 +262,15 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         *,
         keys: KeyCache | None,
         max_streams_per_client: int,
+        max_watches_per_client: int,
+        admission: FairAdmission,
         database_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self._keys = keys
         self._database_up = database_up
         self.streams = StreamSlots(max_streams_per_client)
+        self.watches = StreamSlots(max_watches_per_client, what="watches")
+        self.admission = admission
 
     async def intercept_service(
         self,
@@ -337,12 +347,17 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             return handler
         inner = handler.unary_unary or handler.unary_stream
         assert inner is not None
+
+        def client_of(context: grpc.aio.ServicerContext) -> str:
+            return f"key:{principal.key_id}" if principal else f"peer:{context.peer()}"
+
         if handler.unary_unary is not None:
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if principal is not None:
                     authorize(method, principal, request)
-                return await inner(request, context)
+                async with self.admission.slot(client_of(context)):
+                    return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
@@ -353,16 +368,22 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             if principal is not None:
                 authorize(method, principal, request)
-            client = f"key:{principal.key_id}" if principal else f"peer:{_peer_host(context)}"
-            self.streams.acquire(client)
+            client = client_of(context)
+            slots = self.watches if method == WATCH_METHOD else self.streams
+            slots.acquire(client)
             try:
                 messages = inner(request, context)
                 if principal is not None:
                     messages = self._while_valid(messages, key_hash)
-                async for message in messages:
-                    yield message
+                if method == WATCH_METHOD:
+                    async for message in messages:
+                        yield message
+                else:
+                    async with self.admission.slot(client):
+                        async for message in messages:
+                            yield message
             finally:
-                self.streams.release(client)
+                slots.release(client)
 
         return grpc.unary_stream_rpc_method_handler(
             stream,

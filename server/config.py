@@ -151,6 +151,12 @@ class Settings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     max_streams_per_client: int = 16
+    max_watches_per_client: int = 16
+    # Fair admission (server/admission.py): calls running at once (0: one per two cores), and
+    # calls running or waiting per client and in all.
+    max_active_calls: int = 0
+    max_calls_per_client: int = 256
+    max_calls: int = 1024
     db_pool_timeout: float = 5.0
     db_connect_timeout: int = 5
     db_statement_timeout_seconds: float = 60.0
@@ -247,6 +253,13 @@ class Settings:
                 "SATCHEL_TLS_CLIENT_CA needs SATCHEL_TLS_CERT and SATCHEL_TLS_KEY",
             ),
             (self.max_streams_per_client >= 1, "SATCHEL_MAX_STREAMS_PER_CLIENT must be positive"),
+            (self.max_watches_per_client >= 1, "SATCHEL_MAX_WATCHES_PER_CLIENT must be positive"),
+            (self.max_active_calls >= 0, "SATCHEL_MAX_ACTIVE_CALLS must not be negative"),
+            (self.max_calls_per_client >= 1, "SATCHEL_MAX_CALLS_PER_CLIENT must be positive"),
+            (
+                self.max_calls >= self.max_calls_per_client,
+                "SATCHEL_MAX_CALLS must be at least SATCHEL_MAX_CALLS_PER_CLIENT",
+            ),
             (self.db_pool_timeout > 0, "SATCHEL_DB_POOL_TIMEOUT must be positive"),
             (self.db_connect_timeout >= 1, "SATCHEL_DB_CONNECT_TIMEOUT must be at least 1"),
             (
@@ -275,6 +288,13 @@ class Settings:
             raise ConfigError(
                 f"SATCHEL_EMBED_MODEL_PATH {self.embed_model_path} is not a directory"
             )
+
+    def active_calls(self) -> int:
+        """SATCHEL_MAX_ACTIVE_CALLS, else one per two cores: a context call already keeps about
+        two busy (its embedding beside its first query, facts beside episodes), and a call
+        admitted next then waits for about one call, not for many sharing the cores
+        (benchmarks/fairness.md: throughput is the same at 1, 2 or 4 here)."""
+        return self.max_active_calls or max(1, (os.cpu_count() or 1) // 2)
 
     def auth_required(self) -> bool:
         """Whether satchel.v1 calls need an API key (SATCHEL_AUTH, else: not on loopback only)."""

@@ -268,19 +268,45 @@ async def _open(server, count: int) -> bool:
     return sum(server.access.streams._open.values()) == count
 
 
-async def test_stream_limit_counts_peers_when_auth_is_disabled(settings: Settings) -> None:
-    async with running(settings, max_streams_per_client=1) as server:
+async def test_watches_are_counted_apart_per_connection_when_auth_is_disabled(
+    settings: Settings, project_id: str
+) -> None:
+    """Without auth a client is its connection. A connection's watches are limited on their own:
+    at its limit, it can still stream context, and so can every other connection."""
+    async with running(settings, max_watches_per_client=1, max_streams_per_client=1) as server:
         started = time.monotonic()
-        async with channel_to(server) as chan:
+        address = f"127.0.0.1:{server.port}"
+        # Its own subchannel pool: another TCP connection, not a share of the first channel's.
+        own_connection = [("grpc.use_local_subchannel_pool", 1)]
+        async with (
+            channel_to(server) as chan,
+            grpc.aio.insecure_channel(address, options=own_connection) as other_chan,
+        ):
             stub = context_pb2_grpc.ContextServiceStub(chan)
-            watch = stub.WatchTraces(context_pb2.WatchTracesRequest(project_id="limits-peer"))
-            assert await poll(lambda: _open(server, 1))
-            second = stub.WatchTraces(context_pb2.WatchTracesRequest(project_id="limits-peer"))
+            watch = stub.WatchTraces(context_pb2.WatchTracesRequest(project_id=project_id))
+            assert await poll(lambda: _watching(server, 1))
+            second = stub.WatchTraces(context_pb2.WatchTracesRequest(project_id=project_id))
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await second.read()
-            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            code, _, reason = error_details(refused.value)
+            assert (code, reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_WATCHES")
+            request = context_pb2.StreamContextRequest(
+                project_id=project_id, subject_id="user-1", query="hello"
+            )
+            for client in (stub, context_pb2_grpc.ContextServiceStub(other_chan)):
+                replies = [m async for m in client.StreamContext(request)]
+                assert replies[-1].WhichOneof("event") == "packet"
+            other_watch = context_pb2_grpc.ContextServiceStub(other_chan).WatchTraces(
+                context_pb2.WatchTracesRequest(project_id=project_id)
+            )
+            assert await poll(lambda: _watching(server, 2)), "another connection may watch"
             watch.cancel()
+            other_watch.cancel()
         assert time.monotonic() - started < 30
+
+
+async def _watching(server, count: int) -> bool:
+    return sum(server.access.watches._open.values()) == count
 
 
 async def test_errors_about_huge_fields_stay_small_enough_for_the_trailers(
