@@ -78,6 +78,9 @@ class SatchelServer:
             admission=FairAdmission(
                 settings.active_calls(), settings.max_calls_per_client, settings.max_calls
             ),
+            write_admission=FairAdmission(
+                settings.active_calls(), settings.max_calls_per_client, settings.max_calls
+            ),
             database_up=lambda: self.probe is None or self.probe.up,
         )
 

@@ -16,10 +16,12 @@ into google.rpc.Status and logs the call):
   request names no project field at all needs an admin key too (fail closed).
 - **Database gate**: while the database probe (`satchel.server.probe`) finds PostgreSQL down,
   every satchel.v1 call fails at once with `UNAVAILABLE` / `DATABASE_UNAVAILABLE`.
-- **Fair admission** (`satchel.server.admission`): at most `SATCHEL_MAX_ACTIVE_CALLS` calls run
-  at once, waiting calls are admitted client by client in rotation, and a client may have
-  `SATCHEL_MAX_CALLS_PER_CLIENT` calls running or waiting (all clients `SATCHEL_MAX_CALLS`);
-  one more is `RESOURCE_EXHAUSTED`. WatchTraces lasts, so it is not admitted but counted.
+- **Fair admission** (`satchel.server.admission`): at most `SATCHEL_MAX_ACTIVE_CALLS` reads and
+  as many writes run at once (apart: a long batch write never holds a read's slot), waiting
+  calls are admitted client by client in rotation, and a client may have
+  `SATCHEL_MAX_CALLS_PER_CLIENT` calls running or waiting in each (all clients
+  `SATCHEL_MAX_CALLS`); one more is `RESOURCE_EXHAUSTED`. WatchTraces lasts, so it is not
+  admitted but counted.
 - **Stream limits**: at most `SATCHEL_MAX_STREAMS_PER_CLIENT` StreamContext and, apart,
   `SATCHEL_MAX_WATCHES_PER_CLIENT` WatchTraces streams per client; one more is
   `RESOURCE_EXHAUSTED`. A client is its key or, without auth, its connection.
@@ -245,6 +247,19 @@ class StreamSlots:
 
 
 WATCH_METHOD = "/satchel.v1.ContextService/WatchTraces"
+WRITE_PREFIXES = (
+    "Record",
+    "Batch",
+    "Assert",
+    "Retire",
+    "Supersede",
+    "Open",
+    "Resolve",
+    "Upsert",
+    "Set",
+)
+"""Method names of writes: admitted apart from reads, so that a long batch write (its texts are
+embedded first) never holds the slot of the context calls. ResolveTalents is a read."""
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -264,6 +279,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         max_streams_per_client: int,
         max_watches_per_client: int,
         admission: FairAdmission,
+        write_admission: FairAdmission,
         database_up: Callable[[], bool] = lambda: True,
     ) -> None:
         self._keys = keys
@@ -271,6 +287,13 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         self.streams = StreamSlots(max_streams_per_client)
         self.watches = StreamSlots(max_watches_per_client, what="watches")
         self.admission = admission
+        self.write_admission = write_admission
+
+    def _admission_of(self, method: str) -> FairAdmission:
+        name = method.rsplit("/", 1)[-1]
+        if name.startswith(WRITE_PREFIXES) and name != "ResolveTalents":
+            return self.write_admission
+        return self.admission
 
     async def intercept_service(
         self,
@@ -351,12 +374,14 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         def client_of(context: grpc.aio.ServicerContext) -> str:
             return f"key:{principal.key_id}" if principal else f"peer:{context.peer()}"
 
+        admission = self._admission_of(method)
+
         if handler.unary_unary is not None:
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if principal is not None:
                     authorize(method, principal, request)
-                async with self.admission.slot(client_of(context)):
+                async with admission.slot(client_of(context)):
                     return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(
@@ -379,7 +404,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                     async for message in messages:
                         yield message
                 else:
-                    async with self.admission.slot(client):
+                    async with admission.slot(client):
                         async for message in messages:
                             yield message
             finally:

@@ -26,7 +26,7 @@ from satchel.server.api.validation import (
 )
 from satchel.server.app import MAX_MESSAGE_BYTES
 from satchel.server.config import Settings
-from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, talent_pb2
+from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc, talent_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 RPCS = {rpc.name: rpc for rpc in satchel_rpcs()}
@@ -326,3 +326,34 @@ async def test_errors_about_huge_fields_stay_small_enough_for_the_trailers(
         assert 1 <= len(violations) <= 11 and all(len(f) <= 100 for f, _ in violations)
         assert len(refused.value.details().encode()) <= 512
     assert violations[-1] == ("…", f"and {MAX_BATCH_ITEMS - 10} more violations")
+
+
+async def test_a_write_waiting_on_the_database_never_holds_the_reads_slot(
+    settings: Settings, pg_dsn: str, project_id: str
+) -> None:
+    """One call running at a time: a RecordEvent blocked on a lock holds the writes' slot, and
+    context calls still run (reads and writes are admitted apart)."""
+    async with (
+        running(settings, max_active_calls=1) as server,
+        channel_to(server) as chan,
+    ):
+        memory = memory_pb2_grpc.MemoryServiceStub(chan)
+        context = context_pb2_grpc.ContextServiceStub(chan)
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as locker:
+            # EXCLUSIVE: the write path's statistics update waits, reads of the table do not.
+            await locker.execute("LOCK TABLE scope_lexemes IN EXCLUSIVE MODE")
+            write = asyncio.ensure_future(memory.RecordEvent(event_request(project_id)))
+            assert await poll(lambda: _writes_running(server, 1)), "the write never started"
+            reply = await context.AssembleContext(
+                context_pb2.AssembleContextRequest(
+                    project_id=project_id, subject_id="user-1", query="hello"
+                ),
+                timeout=20,
+            )
+            assert reply.trace_id and not write.done()
+            await locker.rollback()
+        assert (await write).event.id
+
+
+async def _writes_running(server, count: int) -> bool:
+    return server.access.write_admission.running == count
