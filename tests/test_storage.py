@@ -294,3 +294,26 @@ def test_the_test_database_passes_the_version_check(pg_dsn: str) -> None:
         vector = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         assert version_problems(version, vector.fetchone()[0]) == []
         assert version_problems(version, "0.7.0") != []  # the real server, an older pgvector
+
+
+def test_a_process_that_died_holding_the_embedded_server_does_not_keep_it_running(
+    tmp_path: Path,
+) -> None:
+    """A crash leaves its pid in pg/.handle_pids.json; the last live user's stop still stops
+    PostgreSQL (it used to stay up, then every later stop left it running too)."""
+    import json
+
+    from satchel.server.storage.embedded import EmbeddedPostgres
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    embedded = EmbeddedPostgres(tmp_path)
+    embedded.start()
+    pgdata = tmp_path / "pg"
+    try:
+        handles = pgdata / ".handle_pids.json"
+        handles.write_text(json.dumps([*json.loads(handles.read_text()), dead.pid]))
+    finally:
+        embedded.stop()
+    assert not (pgdata / "postmaster.pid").exists(), "PostgreSQL was left running"
+    assert json.loads(handles.read_text()) == []

@@ -83,6 +83,33 @@ def start_pgserver(pgdata: Path, cleanup_mode: Literal["stop", "delete"] | None 
     return server
 
 
+def forget_dead_handles(server: Any) -> list[int]:
+    """Drop from pgserver's list of the processes using `server` (`pg/.handle_pids.json`) those
+    that died without letting go (a crash skips their cleanup); return their pids.
+
+    The last live user stops the server when it lets go, but a dead pid left in the list made
+    every later clean stop leave PostgreSQL running (1 GB of shared buffers each time).
+    """
+    import psutil
+
+    with server._lock:  # pgserver's own inter-process lock over the list
+        handles = server.global_process_id_list
+        pids = handles._get()
+        dead = [pid for pid in pids if not _running(psutil, pid)]
+        if dead:
+            handles.put([pid for pid in pids if pid not in dead])
+    if dead:
+        log.warning("embedded_postgres_dead_handles_forgotten", pids=dead)
+    return dead
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server in `data_dir/pg`, reachable over a unix socket only."""
 
@@ -99,12 +126,14 @@ class EmbeddedPostgres:
             self._server.cleanup()
             self._server = start_pgserver(self.pgdata)
             dsn = self._server.get_uri()
+        forget_dead_handles(self._server)
         log.info("embedded_postgres_started", pgdata=str(self.pgdata))
         return dsn
 
     def stop(self) -> None:
-        """Stop the server if this process started it."""
+        """Let go of the server; the last live process to let go stops it."""
         if self._server is not None:
+            forget_dead_handles(self._server)
             self._server.cleanup()
             self._server = None
             log.info("embedded_postgres_stopped", pgdata=str(self.pgdata))
