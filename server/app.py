@@ -40,6 +40,8 @@ from satchel.v1 import (
     talent_pb2_grpc,
 )
 
+RESTART_BACKOFF = (0.5, 30.0)  # seconds: first, longest wait between embedded restarts
+
 log = structlog.get_logger(__name__)
 
 SERVICE_NAMES = (
@@ -66,6 +68,8 @@ class SatchelServer:
         self._dsn = ""
         self.probe: DatabaseProbe | None = None
         self._probe_task: asyncio.Task[None] | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self.postgres_restarts = 0
         self.keys = (
             KeyCache(self._lookup_key, settings.auth_cache_seconds)
             if settings.auth_required()
@@ -213,6 +217,11 @@ class SatchelServer:
         async def on_change(up: bool) -> None:
             status = health_pb2.HealthCheckResponse
             await self._set_health(status.SERVING if up else status.NOT_SERVING)
+            supervising = self._supervisor is not None and not self._supervisor.done()
+            if not up and self._embedded is not None and not supervising:
+                self._supervisor = asyncio.create_task(
+                    self._supervise_postgres(), name="postgres-supervisor"
+                )
 
         self.probe = DatabaseProbe(
             self._dsn,
@@ -222,6 +231,27 @@ class SatchelServer:
             on_change=on_change,
         )
         self._probe_task = asyncio.create_task(self.probe.run(), name="database-probe")
+
+    async def _supervise_postgres(self) -> None:
+        """While the database is down, start the embedded PostgreSQL again whenever its
+        postmaster is not running (backoff 0.5 s doubling to 30 s after a failed start); the
+        probe then finds it back and health turns SERVING. Each restart is logged and counted
+        (`satchel_embedded_postgres_restarts`)."""
+        delay = RESTART_BACKOFF[0]
+        while self.probe is not None and not self.probe.up and self._embedded is not None:
+            embedded = self._embedded
+            if not await asyncio.to_thread(embedded.is_running):
+                try:
+                    await asyncio.to_thread(embedded.restart)
+                except Exception as exc:  # not yet (its old backends may still hold memory)
+                    log.warning("embedded_postgres_restart_failed", error=str(exc), retry_s=delay)
+                    delay = min(delay * 2, RESTART_BACKOFF[1])
+                else:
+                    self.postgres_restarts += 1
+                    self.telemetry.observe_postgres_restart()
+                    log.warning("embedded_postgres_restarted", restarts=self.postgres_restarts)
+                    delay = RESTART_BACKOFF[0]
+            await asyncio.sleep(delay)
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ("", *SERVICE_NAMES):
@@ -233,10 +263,11 @@ class SatchelServer:
 
     async def stop(self) -> None:
         """Refuse new calls, let in-flight ones finish within the grace period, release all."""
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            await asyncio.gather(self._probe_task, return_exceptions=True)
-            self._probe_task = None
+        for task in (self._probe_task, self._supervisor):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._probe_task = self._supervisor = None
         await self.health.enter_graceful_shutdown()
         if self.runtime.value is not None and self.runtime.value.traces is not None:
             # Watch streams never end on their own: end them now (UNAVAILABLE, watch again

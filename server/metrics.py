@@ -97,6 +97,11 @@ class Metrics:
         self.embedded_texts = Counter(
             "satchel_embedded_texts", "Texts embedded by the model.", registry=r
         )
+        self.postgres_restarts = Counter(
+            "satchel_embedded_postgres_restarts",
+            "Restarts of the embedded PostgreSQL after its postmaster died.",
+            registry=r,
+        )
         ProcessCollector(registry=r)
         GCCollector(registry=r)
         if runtime is not None:

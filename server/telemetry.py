@@ -75,6 +75,11 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.observe_embedding(seconds, texts)
 
+    def observe_postgres_restart(self) -> None:
+        """The embedded PostgreSQL was started again after its postmaster died."""
+        if self.metrics is not None:
+            self.metrics.postgres_restarts.inc()
+
     async def start(self, listen: str) -> int | None:
         """Serve metrics on `listen` (host:port); the bound port, or None when off."""
         if self.metrics is None or not listen:

