@@ -35,6 +35,7 @@ from satchel.server.commands.view import (
     DecisionTable,
     console,
     packet_view,
+    shorten,
     stats_table,
     trace_view,
 )
@@ -116,25 +117,32 @@ def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _watch_line(message: context_pb2.WatchTracesResponse) -> Text:
-    head = f"{message.trace_id[:8]} {message.subject_id:<12} "
+def _watch_line(message: context_pb2.WatchTracesResponse, width: int) -> Text:
+    """One message as one line of at most `width` cells: a decision's preview takes what the
+    terminal leaves (none below 10 cells), anything longer is cut with an ellipsis."""
+    head = f"{message.trace_id[:8]} {message.subject_id[:12]:<12} "
     if message.HasField("packet"):
         p = message.packet
-        return Text(
+        line = Text(
             f"{head}packet: {len(p.facts)} fact(s), {len(p.episodes)} episode(s), "
             f"{p.tokens_used}/{p.budget_tokens} tokens"
             + (f", {len(p.warnings)} warning(s)" if p.warnings else ""),
             style="bold",
         )
-    d = message.decision
-    outcome, style = OUTCOME_STYLE.get(d.outcome, ("?", ""))
-    return Text.assemble(
-        head,
-        f"#{d.sequence:<3} {KIND_NAME.get(d.candidate_kind, '?'):<7} ",
-        (f"{outcome:<8}", style),
-        f" {d.reason_code:<22} score {d.score:.3f}  {d.budget_used:>5} tok  ",
-        (" ".join(d.preview.split())[:60], "dim"),
-    )
+    else:
+        d = message.decision
+        outcome, style = OUTCOME_STYLE.get(d.outcome, ("?", ""))
+        line = Text.assemble(
+            head,
+            f"#{d.sequence:<3} {KIND_NAME.get(d.candidate_kind, '?'):<7} ",
+            (f"{outcome:<8}", style),
+            f" {d.reason_code:<22} score {d.score:.3f}  {d.budget_used:>5} tok",
+        )
+        room = width - line.cell_len - 2
+        if room >= 10:
+            line.append("  " + shorten(" ".join(d.preview.split()), room), style="dim")
+    line.truncate(width, overflow="ellipsis")
+    return line
 
 
 def cmd_watch(args: argparse.Namespace, settings: Settings) -> int:
@@ -151,7 +159,7 @@ def cmd_watch(args: argparse.Namespace, settings: Settings) -> int:
                 if args.json:
                     print_json_line(message)
                 else:
-                    out.print(_watch_line(message))
+                    out.print(_watch_line(message, out.width), no_wrap=True)
         except KeyboardInterrupt:
             stream.cancel()
             return 0

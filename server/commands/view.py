@@ -50,7 +50,8 @@ def when(stamp: Timestamp, with_time: bool = True) -> str:
     return f"{moment:%Y-%m-%d %H:%M}" if with_time else f"{moment:%Y-%m-%d}"
 
 
-def _short(text: str, width: int) -> str:
+def shorten(text: str, width: int) -> str:
+    """`text` on one line, cut to `width` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -177,7 +178,7 @@ def facts_table(facts: Iterable[memory_pb2.Fact], title: str) -> Table:
         table.add_row(
             f.id[:8],
             f.predicate,
-            _short(f.statement or _fact_value(f), 60),
+            shorten(f.statement or _fact_value(f), 60),
             Text(status, style="green" if status == "active" else "dim"),
             when(f.valid_from, False) if f.HasField("valid_from") else "",
             when(f.valid_to, False) if f.HasField("valid_to") else "",
@@ -192,7 +193,7 @@ def events_table(events: Iterable[memory_pb2.Event], title: str) -> Table:
     for name in ("id", "occurred", "kind", "text"):
         table.add_column(name)
     for e in events:
-        table.add_row(e.id[:8], when(e.occurred_at), e.kind, _short(e.text, 70))
+        table.add_row(e.id[:8], when(e.occurred_at), e.kind, shorten(e.text, 70))
     return table
 
 
