@@ -17,6 +17,9 @@ Decisions the spec leaves open:
   follow the kept ones, in discovery order; each names the talent that pulled it in.
   Required talents that are not active are reported as excluded `not_active`.
 - The closure applies with relevance off too (its candidates all count as kept).
+- A pinned talent (`alwaysApply: true` of a Cursor rule) is served to its roles whatever the
+  task, first, reason `pinned`, never scored (so it moves neither the gate nor the margin);
+  its tokens are taken from the budget before relevance spends the rest.
 - A talent is served as its body, or its summary when the body is empty; its tokens are those
   of what is served.
 - With relevance off the model is not used (as in the seed, where the flag alone loads it):
@@ -99,6 +102,7 @@ def scorable(record: TalentRecord) -> ScorableTalent:
         tags=record.tags,
         triggers=record.triggers,
         task_types=record.task_types,
+        pinned=record.pinned,
     )
 
 
@@ -210,33 +214,41 @@ def resolve_selection(
     params: SelectionParams,
     graph: Mapping[str, TalentNode] | None = None,
     servable: Mapping[str, ScorableTalent] | None = None,
+    pinned: Sequence[ScorableTalent] = (),
 ) -> Resolution:
-    """Select among candidates, close over hard edges, render. Pure.
+    """Serve the pinned talents, select among candidates, close over hard edges, render. Pure.
 
     `talent_vectors` row i belongs to `candidates[i]` (or their precomputed `CentredSpace`);
-    vectors may be None with relevance off (order by stem hits only). `graph` holds the edges
-    of the project's active talents and `servable` every active talent (candidates are always
-    servable); the closure adds only servable talents.
+    vectors may be None with relevance off (order by stem hits only). `pinned` talents (none of
+    them among `candidates`) come first, whatever the task, and their tokens are taken from the
+    budget first. `graph` holds the edges of the project's active talents and `servable` every
+    active talent (candidates are always servable); the closure adds only servable talents.
     """
     graph = graph or {}
-    by_id = {talent.id: talent for talent in candidates}
+    by_id = {talent.id: talent for talent in [*pinned, *candidates]}
     servable = {**(servable or {}), **by_id}
     task_stems = stems(task)
+    pinned_tokens = sum(talent.tokens for talent in pinned)
+    left = replace(params, budget_tokens=max(1, params.budget_tokens - pinned_tokens))
     if relevance:
         if talent_vectors is None or task_vector is None:
             raise ValueError("relevance needs the talent and task vectors")
-        result = select(candidates, talent_vectors, task_vector, task_stems, params)
+        result = select(candidates, talent_vectors, task_vector, task_stems, left)
     else:
         result = order_without_relevance(
             candidates, task_stems, talent_vectors, task_vector, beta=params.beta
         )
 
-    kept_ids = result.kept_ids
+    kept_ids = [*(talent.id for talent in pinned), *result.kept_ids]
     closure = close_over_requires(kept_ids, graph, servable.keys())
     parents = _discoverers([*kept_ids, *closure.added], graph)
     scored = {decision.id: decision for decision in result.excluded}
 
-    selected = [_resolved(d, servable[d.id].name) for d in result.kept]
+    selected = [
+        ResolvedTalent(talent.id, talent.name, str(Reason.PINNED), tokens=talent.tokens)
+        for talent in pinned
+    ]
+    selected += [_resolved(d, servable[d.id].name) for d in result.kept]
     for talent_id in closure.added:
         talent = servable[talent_id]
         decision = scored.pop(talent_id, None)
@@ -260,7 +272,7 @@ def resolve_selection(
         note=result.note,
         compiled=render_compiled(served, result.out_of_domain),
         tokens_selected=sum(talent.tokens for talent in served),
-        tokens_candidates=sum(talent.tokens for talent in candidates),
+        tokens_candidates=sum(talent.tokens for talent in [*pinned, *candidates]),
         relevance=relevance,
         params=params,
     )
@@ -411,7 +423,9 @@ class TalentService:
         try:
             async with autocommit(self.runtime.pool) as conn:
                 snapshot = await self._snapshot(conn, project_id)
-                candidates = snapshot.candidates(role)
+                offered = snapshot.candidates(role)
+                pinned = [p for p in offered if p.talent.pinned]
+                candidates = [p for p in offered if not p.talent.pinned]
                 wants_vectors = task_embedding is not None or cached_task is not None
                 space = await self._space_for(conn, candidates) if wants_vectors else None
                 if role and (project_id, role) not in self._roles_seen:
@@ -433,6 +447,7 @@ class TalentService:
             params=params,
             graph=snapshot.graph,
             servable=snapshot.servable,
+            pinned=[p.talent for p in pinned],
         )
 
     async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:

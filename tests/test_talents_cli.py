@@ -214,3 +214,45 @@ async def test_cli_usage_and_server_errors(address: str, project_id: str, tmp_pa
     assert "INVALID_ARGUMENT" in bad.stderr and "budget_tokens: must be in" in bad.stderr
     clean = await satchel("doctor", "--project", project_id, "--address", address)
     assert clean.returncode == 0 and clean.stdout.splitlines()[-1] == "no findings"
+
+
+async def test_an_always_applied_rule_is_pinned_and_served_whatever_the_task(
+    channel: grpc.aio.Channel, address: str, project_id: str, tmp_path: Path
+) -> None:
+    """`.mdc` `alwaysApply: true` imports as a pinned talent: served first to its roles, reason
+    `pinned`, even for a task out of the catalogue's domain, which still gets nothing else."""
+    talent_directory(tmp_path, project_id)
+    write(
+        tmp_path,
+        f"{project_id}/rules/house-style.mdc",
+        "---\ndescription: House style for every answer\nalwaysApply: true\n---\n"
+        "# House style\n\nAnswer in British English. Keep answers short.\n",
+    )
+    imported = await satchel(
+        "talents", "import", str(tmp_path), "--project", project_id, "--activate",
+        "--address", address,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+    house = f"{project_id}.rules.house-style"
+    listed = await stub(channel).ListTalents(
+        talent_pb2.ListTalentsRequest(project_id=project_id, active_only=True)
+    )
+    assert {t.id for t in listed.talents if t.pinned} == {house}
+
+    for task, others in (
+        ("Bake a banana bread with walnuts", False),  # out of the catalogue's domain
+        ("Write a multi-stage Dockerfile that runs as a non-root user", True),
+    ):
+        resolved = await satchel(
+            "talents", "resolve", "--project", project_id, "--task", task,
+            "--relevance", "embeddings", "--json", "--address", address,
+        )  # fmt: skip
+        assert resolved.returncode == 0, resolved.stderr
+        selection = json.loads(resolved.stdout)
+        first = selection["selected"][0]
+        assert (first["talent_id"], first["reason"]) == (house, "pinned"), task
+        assert all(t["talent_id"] != house for t in selection["excluded"])
+        assert (len(selection["selected"]) > 1) == others, selection["selected"]
+        compiled = selection["compiled"]
+        assert compiled.startswith("<satchel_talents>\n## House style\nAnswer in British")
+        assert compiled.count("House style") == 1

@@ -20,7 +20,7 @@ RELEVANCE_MODE_OFF: RelevanceMode
 RELEVANCE_MODE_EMBEDDINGS: RelevanceMode
 
 class Talent(_message.Message):
-    __slots__ = ("id", "name", "summary", "body", "tags", "triggers", "task_types", "roles", "requires", "includes", "recommends", "updated_at")
+    __slots__ = ("id", "name", "summary", "body", "tags", "triggers", "task_types", "roles", "requires", "includes", "recommends", "updated_at", "pinned")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class Talent(_message.Message):
     INCLUDES_FIELD_NUMBER: _ClassVar[int]
     RECOMMENDS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     summary: str
@@ -45,7 +46,8 @@ class Talent(_message.Message):
     includes: _containers.RepeatedScalarFieldContainer[str]
     recommends: _containers.RepeatedScalarFieldContainer[str]
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    pinned: bool
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class SelectedTalent(_message.Message):
     __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens", "required_by")

@@ -77,6 +77,7 @@ def talent_record(request: talent_pb2.UpsertTalentRequest) -> TalentRecord:
         requires=tuple(dict.fromkeys(talent.requires)),
         includes=tuple(dict.fromkeys(talent.includes)),
         recommends=tuple(dict.fromkeys(talent.recommends)),
+        pinned=talent.pinned,
     )
 
 
@@ -94,6 +95,7 @@ def talent_message(record: TalentRecord) -> talent_pb2.Talent:
         requires=record.requires,
         includes=record.includes,
         recommends=record.recommends,
+        pinned=record.pinned,
     )
     if record.updated_at is not None:
         stamp = Timestamp()

@@ -164,18 +164,25 @@ class TalentFile:
     summary: str = ""
     body: str = ""
     lists: dict[str, list[str]] = field(default_factory=dict)
+    pinned: bool = False
 
     def message(self) -> Any:
         """The `satchel.v1.Talent` to upsert."""
         return talent_pb2.Talent(
-            id=self.id, name=self.name, summary=self.summary, body=self.body, **self.lists
+            id=self.id,
+            name=self.name,
+            summary=self.summary,
+            body=self.body,
+            pinned=self.pinned,
+            **self.lists,
         )
 
 
 def talent_from_text(text: str, path: Path, root: Path) -> TalentFile:
     """Read a talent file's text. Front matter: `id`, `name`, `description` (the summary), the
-    list fields of a talent, and for `.mdc` rules `globs` (added to the triggers). The name
-    falls back to the body's first `# heading`, then to the id's last part."""
+    list fields of a talent, `pinned`, and for `.mdc` rules `globs` (added to the triggers) and
+    `alwaysApply` (pinned). The name falls back to the body's first `# heading`, then to the
+    id's last part."""
     meta, body = parse_front_matter(text)
     talent_id = str(meta.get("id") or talent_id_for(path, root))
     heading = _HEADING.search(body)
@@ -191,7 +198,12 @@ def talent_from_text(text: str, path: Path, root: Path) -> TalentFile:
         summary=str(meta.get("description") or "").strip(),
         body=body,
         lists={key: values for key, values in lists.items() if values},
+        pinned=_is_true(meta.get("pinned")) or _is_true(meta.get("alwaysApply")),
     )
+
+
+def _is_true(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "yes", "on", "1")
 
 
 def parse_talent_file(path: Path, root: Path) -> TalentFile:

@@ -43,6 +43,7 @@ _ZERO_NORM = 1e-9
 class Reason(StrEnum):
     """Why a talent is served or not; values are the wire strings of `satchel.v1`."""
 
+    PINNED = "pinned"
     RELEVANCE = "relevance"
     FALLBACK_TOP3 = "fallback_top3"
     RELEVANCE_OFF = "relevance_off"
@@ -91,6 +92,8 @@ class ScorableTalent:
     stems: frozenset[str]
     tokens: int
     body: str = ""
+    # Served whatever the task (never scored): see `satchel.server.talents.resolve_selection`.
+    pinned: bool = False
 
     @classmethod
     def build(
@@ -102,6 +105,7 @@ class ScorableTalent:
         tags: Sequence[str] = (),
         triggers: Sequence[str] = (),
         task_types: Sequence[str] = (),
+        pinned: bool = False,
     ) -> ScorableTalent:
         """Derive text, stems (tags + triggers + task_types) and tokens (of the body)."""
         return cls(
@@ -111,6 +115,7 @@ class ScorableTalent:
             stems=frozenset(stems([*tags, *triggers, *task_types])),
             tokens=estimate_tokens(body),
             body=body,
+            pinned=pinned,
         )
 
 

@@ -35,6 +35,7 @@ class TalentRecord:
     includes: tuple[str, ...] = ()
     recommends: tuple[str, ...] = ()
     updated_at: datetime | None = None
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ _EDGES = """
 """
 _COLUMNS = """
     t.id, t.name, t.summary, t.body, t.tags, t.triggers, t.task_types, t.roles, t.updated_at,
-    edges.requires, edges.includes, edges.recommends
+    t.pinned, edges.requires, edges.includes, edges.recommends
 """
 
 
@@ -82,6 +83,7 @@ def _record(row: Mapping[str, Any]) -> TalentRecord:
         includes=tuple(row["includes"]),
         recommends=tuple(row["recommends"]),
         updated_at=row["updated_at"],
+        pinned=row["pinned"],
     )
 
 
@@ -90,13 +92,14 @@ async def upsert_talent(conn: AsyncConnection, talent: TalentRecord) -> tuple[Ta
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             """
-            INSERT INTO talents (id, name, summary, body, tags, triggers, task_types, roles)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+            INSERT INTO talents (id, name, summary, body, tags, triggers, task_types, roles,
+                pinned)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
             ON CONFLICT (id) DO UPDATE SET
                 name = EXCLUDED.name, summary = EXCLUDED.summary, body = EXCLUDED.body,
                 tags = EXCLUDED.tags, triggers = EXCLUDED.triggers,
                 task_types = EXCLUDED.task_types, roles = EXCLUDED.roles,
-                updated_at = clock_timestamp()
+                pinned = EXCLUDED.pinned, updated_at = clock_timestamp()
             RETURNING (xmax = 0) AS created
             """,
             (
@@ -108,6 +111,7 @@ async def upsert_talent(conn: AsyncConnection, talent: TalentRecord) -> tuple[Ta
                 list(talent.triggers),
                 list(talent.task_types),
                 list(talent.roles),
+                talent.pinned,
             ),
         )
         row = await cur.fetchone()

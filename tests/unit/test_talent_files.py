@@ -119,3 +119,17 @@ def test_talent_files_finds_skills_rules_and_front_matter_markdown(tmp_path: Pat
         path.write_text(text)
     found = [p.relative_to(tmp_path).as_posix() for p in talent_files(tmp_path)]
     assert found == ["a/SKILL.md", "notes/with.md", "rules/r.mdc"]
+
+
+@pytest.mark.parametrize(
+    ("front", "pinned"),
+    [
+        ("alwaysApply: true", True),
+        ("alwaysApply: false", False),
+        ("pinned: yes", True),
+        ("description: no flag", False),
+    ],
+)
+def test_always_applied_rules_are_pinned(front: str, pinned: bool) -> None:
+    talent = talent_from_text(f"---\n{front}\n---\n# Rule\n\nBody.", ROOT / "r.mdc", ROOT)
+    assert talent.pinned is pinned and talent.message().pinned is pinned

@@ -84,7 +84,14 @@ export interface Talent {
   includes: string[];
   /** Soft edges: still subject to relevance. */
   recommends: string[];
-  updatedAt: Date | undefined;
+  updatedAt:
+    | Date
+    | undefined;
+  /**
+   * Always served to its roles, whatever the task (a Cursor rule's `alwaysApply: true`): exempt
+   * from relevance, the out-of-domain gate and the margin; its tokens count in the budget first.
+   */
+  pinned: boolean;
 }
 
 /** SelectedTalent is a talent the agent receives, with why. */
@@ -94,7 +101,7 @@ export interface SelectedTalent {
   score: number;
   similarity: number;
   stemHits: number;
-  /** relevance | fallback_top3 | requires_closure | relevance_off. */
+  /** pinned | relevance | fallback_top3 | requires_closure | relevance_off. */
   reason: string;
   tokens: number;
   /** With requires_closure: the selected talent whose requires/includes pulled this one in. */
@@ -227,6 +234,7 @@ function createBaseTalent(): Talent {
     includes: [],
     recommends: [],
     updatedAt: undefined,
+    pinned: false,
   };
 }
 
@@ -267,6 +275,9 @@ export const Talent: MessageFns<Talent> = {
     }
     if (message.updatedAt !== undefined) {
       Timestamp.encode(toTimestamp(message.updatedAt), writer.uint32(98).fork()).join();
+    }
+    if (message.pinned !== false) {
+      writer.uint32(104).bool(message.pinned);
     }
     return writer;
   },
@@ -380,6 +391,14 @@ export const Talent: MessageFns<Talent> = {
             message.updatedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.pinned = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -416,6 +435,7 @@ export const Talent: MessageFns<Talent> = {
         : isSet(object.updated_at)
         ? fromJsonTimestamp(object.updated_at)
         : undefined,
+      pinned: isSet(object.pinned) ? globalThis.Boolean(object.pinned) : false,
     };
   },
 
@@ -457,6 +477,9 @@ export const Talent: MessageFns<Talent> = {
     if (message.updatedAt !== undefined) {
       obj.updatedAt = message.updatedAt.toISOString();
     }
+    if (message.pinned !== false) {
+      obj.pinned = message.pinned;
+    }
     return obj;
   },
 
@@ -477,6 +500,7 @@ export const Talent: MessageFns<Talent> = {
     message.includes = object.includes?.map((e) => e) || [];
     message.recommends = object.recommends?.map((e) => e) || [];
     message.updatedAt = object.updatedAt ?? undefined;
+    message.pinned = object.pinned ?? false;
     return message;
   },
 };
