@@ -6,6 +6,10 @@ waiting delays another client's call by at most one call of its own. A client ma
 `per_client` calls running or waiting, and all clients together `total`; one more is refused at
 once with RESOURCE_EXHAUSTED, so waiting costs bounded memory.
 
+A slot is a lease of `lease` seconds (0.25 s: several context calls): a call still running
+then (waiting on a lock, a slow disk, a slow reader of its stream) stops counting, and the next
+call starts. A stuck call holds the others back for a lease, never for as long as it is stuck.
+
 A client is its API key, or (auth off) its connection. Pure asyncio, no I/O: `AccessInterceptor`
 (server/auth.py) puts every satchel.v1 call but the long-lived `WatchTraces` through it.
 """
@@ -23,10 +27,11 @@ from satchel.server.errors import ResourceExhausted
 class FairAdmission:
     """Round-robin admission of calls to `active` running slots (see the module)."""
 
-    def __init__(self, active: int, per_client: int, total: int) -> None:
+    def __init__(self, active: int, per_client: int, total: int, lease: float = 0.25) -> None:
         self.active = active
         self.per_client = per_client
         self.total = total
+        self.lease = lease
         self.running = 0
         self._calls: dict[str, int] = {}  # running or waiting, per client
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
@@ -56,33 +61,43 @@ class FairAdmission:
         """Run the body once a slot is this client's turn (RESOURCE_EXHAUSTED beyond limits)."""
         self._refuse_beyond_limits(client)
         self._calls[client] = self._calls.get(client, 0) + 1
-        admitted = False
+        loop = asyncio.get_running_loop()
+        slot: list[bool] = []  # [held]: the call counts among the running ones
+        expiry: asyncio.TimerHandle | None = None
         try:
             if self.running < self.active and not self._waiting:
                 self.running += 1
-                admitted = True
+                slot.append(True)
             else:
-                turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                turn: asyncio.Future[None] = loop.create_future()
                 self._waiting.setdefault(client, deque()).append(turn)
                 try:
                     await turn
-                    admitted = True
+                    slot.append(True)
                 except asyncio.CancelledError:
                     if turn.done() and not turn.cancelled():
-                        admitted = True  # the turn came as the call was cancelled: hand it on
+                        slot.append(True)  # the turn came as the call was cancelled: hand it on
                     else:
                         self._withdraw(client, turn)
                     raise
+            expiry = loop.call_later(self.lease, self._free, slot)
             yield
         finally:
+            if expiry is not None:
+                expiry.cancel()
             count = self._calls[client] - 1
             if count:
                 self._calls[client] = count
             else:
                 del self._calls[client]
-            if admitted:
-                self.running -= 1
-                self._admit_next()
+            self._free(slot)
+
+    def _free(self, slot: list[bool]) -> None:
+        """Stop counting a call among the running ones (at its end, or when its lease ends)."""
+        if slot and slot[0]:
+            slot[0] = False
+            self.running -= 1
+            self._admit_next()
 
     def _withdraw(self, client: str, turn: asyncio.Future[None]) -> None:
         queue = self._waiting.get(client)

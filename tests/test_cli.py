@@ -422,6 +422,14 @@ async def test_demo_without_a_server_starts_an_embedded_one(
     assert lines[0]["demo"]["address"] != env["SATCHEL_LISTEN"]
     assert "packet" in lines[-2] and lines[-2]["packet"]["facts"]
     assert "talents" in lines[-1]
+    # What people read on stderr: satchel's own console lines, no gRPC notices, no JSON logs.
+    grpc_notices = re.compile(r"^[IWEF]\d{4} \d\d:\d\d")  # gRPC's own log line format
+    noise = [
+        line
+        for line in result.stderr.splitlines()
+        if grpc_notices.match(line) or line.startswith("{")
+    ]
+    assert not noise, result.stderr
 
 
 async def test_watch_follows_the_calls_of_the_real_server(address: str, project_id: str) -> None:

@@ -73,3 +73,22 @@ async def test_a_cancelled_waiting_call_gives_up_its_place() -> None:
     release.set()
     await first
     assert order == ["a"] and admission.running == 0
+
+
+async def test_a_call_past_its_lease_lets_the_next_one_run() -> None:
+    """A call stuck (on a lock, say) holds the others back for one lease, not until it ends."""
+    admission = FairAdmission(active=1, per_client=10, total=10, lease=0.05)
+    stuck, done = asyncio.Event(), asyncio.Event()
+    order: list[str] = []
+    first = asyncio.create_task(_call(admission, "a", order, stuck))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(_call(admission, "b", order, done))
+    await asyncio.sleep(0.01)
+    assert order == ["a"], "within the lease the next call waits"
+    await asyncio.sleep(0.1)
+    assert order == ["a", "b"], "past it, the next call runs"
+    done.set()
+    await second
+    stuck.set()
+    await first
+    assert admission.running == 0 and admission.waiting == 0
