@@ -94,8 +94,9 @@ class ContextSettings:
 
 
 # `satchel calibrate-floor` on the LoCoMo dev questions: the cosine distance that keeps 95 % of
-# the relevant turns (all-MiniLM-L6-v2 int8: 0.752, dropping 52 % of the irrelevant ones).
-RECALL_FLOORS: dict[str, float] = {"all-minilm-l6-v2": 0.75}
+# the relevant turns (all-MiniLM-L6-v2 int8: 0.752, dropping 52 % of the irrelevant ones;
+# all-mpnet-base-v2 int8: 0.786, dropping 54 %; benchmarks/models.md).
+RECALL_FLOORS: dict[str, float] = {"all-minilm-l6-v2": 0.75, "all-mpnet-base-v2": 0.79}
 
 
 def recall_floor(settings: ContextSettings, model_id: str) -> float:

@@ -56,10 +56,11 @@ from satchel.server.storage.pool import autocommit
 from satchel.server.storage.talents import TalentRecord, TalentRef
 
 # Calibrated (floor, beta, margin) per embedding model, matched as a substring of the model id
-# (lower case); see benchmarks/talents.md. Other models get the seed's values, which were tuned
-# for multilingual-e5.
+# (lower case); see benchmarks/talents.md (all-mpnet-base-v2: benchmarks/models.md). Other models
+# get the seed's values, which were tuned for multilingual-e5.
 MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "all-minilm-l6-v2": (0.18, 0.12, 0.30),
+    "all-mpnet-base-v2": (0.16, 0.12, 0.30),
 }
 SEED_DEFAULTS: tuple[float, float, float] = (0.18, 0.12, 0.15)
 

