@@ -56,6 +56,12 @@ def test_a_new_database_takes_a_768_dimension_model(migrated_database: str) -> N
             (np.ones(768, dtype=np.float32),),
         )
     assert [r[0] for r in indexes] == ["events_embedding_hnsw", "facts_embedding_hnsw"]
+    with psycopg.connect(migrated_database) as conn:
+        storage = conn.execute(
+            "SELECT attrelid::regclass::text, attstorage FROM pg_attribute"
+            " WHERE attname = 'embedding' AND attrelid = ANY('{events,facts}'::regclass[])"
+        ).fetchall()
+    assert dict(storage) == {"events": "m", "facts": "m"}, "vectors stay in their rows"
     check_embedding_schema(migrated_database, 768, "model-768")  # again: nothing changes
     with pytest.raises(ConfigError, match="vector\\(768\\)"):
         check_embedding_schema(migrated_database, 384, "model-768")
