@@ -195,6 +195,7 @@ async def test_a_context_call_end_to_end_with_mpnet(
 
     from satchel.server.app import SatchelServer
     from satchel.server.config import recall_floor
+    from satchel.server.talents import model_defaults
     from satchel.v1 import context_pb2 as pb
 
     server = SatchelServer(replace(settings, database_url=mpnet_database, embed_model=MPNET))
@@ -204,6 +205,7 @@ async def test_a_context_call_end_to_end_with_mpnet(
         assert runtime.embedder.model_id == mpnet.MODEL_ID and runtime.embedder.dimension == 768
         floor = recall_floor(runtime.settings.context, runtime.embedder.model_id)
         assert floor == 0.79
+        assert model_defaults(runtime.embedder.model_id) == (0.16, 0.12, 0.30)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             await assert_facts(channel, project_id, CAROLINE)
             reply = await assemble(channel, project_id, "Which instrument does Caroline play?")
