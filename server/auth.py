@@ -398,7 +398,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             slots.acquire(client)
             try:
                 messages = inner(request, context)
-                if principal is not None:
+                if principal is not None and method == WATCH_METHOD:  # the stream that lasts
                     messages = self._while_valid(messages, key_hash)
                 if method == WATCH_METHOD:
                     async for message in messages:
