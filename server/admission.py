@@ -34,6 +34,7 @@ class FairAdmission:
         self.lease = lease
         self.running = 0
         self._calls: dict[str, int] = {}  # running or waiting, per client
+        self._all = 0  # running or waiting, every client
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
 
     @property
@@ -49,7 +50,7 @@ class FairAdmission:
                 reason="TOO_MANY_CALLS",
                 metadata={"limit": str(self.per_client)},
             )
-        if sum(self._calls.values()) >= self.total:
+        if self._all >= self.total:
             raise ResourceExhausted(
                 f"the server has {self.total} calls running or waiting, retry later",
                 reason="SERVER_BUSY",
@@ -61,6 +62,7 @@ class FairAdmission:
         """Run the body once a slot is this client's turn (RESOURCE_EXHAUSTED beyond limits)."""
         self._refuse_beyond_limits(client)
         self._calls[client] = self._calls.get(client, 0) + 1
+        self._all += 1
         loop = asyncio.get_running_loop()
         slot: list[bool] = []  # [held]: the call counts among the running ones
         expiry: asyncio.TimerHandle | None = None
@@ -90,6 +92,7 @@ class FairAdmission:
                 self._calls[client] = count
             else:
                 del self._calls[client]
+            self._all -= 1
             self._free(slot)
 
     def _free(self, slot: list[bool]) -> None:
