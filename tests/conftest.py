@@ -123,3 +123,19 @@ def start_server(settings: Settings):
             await srv.stop()
 
     return start
+
+
+@pytest.fixture
+def fresh_database(pg_dsn: str) -> Iterator[str]:
+    """An empty database on the session's server, dropped afterwards."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    name = f"fresh_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    params = conninfo_to_dict(pg_dsn)
+    params["dbname"] = name
+    yield make_conninfo(**params)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -7,7 +7,6 @@ session's servers use as well (`settings.data_dir / "cache"`).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +15,6 @@ import grpc
 import numpy as np
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from satchel.server.config import ConfigError, Settings
 from satchel.server.embedding import mpnet
@@ -172,20 +170,12 @@ def test_a_missing_part_names_the_install_command(tmp_path: Path, monkeypatch):
 
 
 @pytest.fixture
-def mpnet_database(pg_dsn: str):
+def mpnet_database(fresh_database: str) -> str:
     """A new database on the session's server: it takes the 768 dimensions of the model."""
     from satchel.server.storage.migrations import apply_migrations
 
-    name = f"mpnet_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    params = conninfo_to_dict(pg_dsn)
-    params["dbname"] = name
-    dsn = make_conninfo(**params)
-    apply_migrations(dsn)
-    yield dsn
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    apply_migrations(fresh_database)
+    return fresh_database
 
 
 async def test_a_context_call_end_to_end_with_mpnet(

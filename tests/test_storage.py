@@ -6,14 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from satchel.server.config import ConfigError
@@ -22,19 +20,6 @@ from satchel.server.storage.migrations import (
     check_embedding_schema,
     migrations_directory,
 )
-
-
-@pytest.fixture
-def fresh_database(pg_dsn: str) -> str:
-    """An empty database on the same server, dropped afterwards."""
-    name = f"fresh_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    params = conninfo_to_dict(pg_dsn)
-    params["dbname"] = name
-    yield make_conninfo(**params)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def _applied(dsn: str) -> list[str]:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
-
 import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from satchel.server.config import ConfigError
 from satchel.server.storage.migrations import (
@@ -19,17 +16,9 @@ from satchel.server.storage.migrations import (
 
 
 @pytest.fixture
-def migrated_database(pg_dsn: str):
-    name = f"dims_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    params = conninfo_to_dict(pg_dsn)
-    params["dbname"] = name
-    dsn = make_conninfo(**params)
-    apply_migrations(dsn)
-    yield dsn
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+def migrated_database(fresh_database: str) -> str:
+    apply_migrations(fresh_database)
+    return fresh_database
 
 
 def _dimensions(dsn: str) -> dict[str, str]:
