@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 import structlog
 
+_WRITE_LOCK = threading.Lock()
+
 
 class _StderrLogger:
-    """Writes each rendered line to whatever `sys.stderr` is at that moment."""
+    """Writes each rendered line, whole, to whatever `sys.stderr` is at that moment.
+
+    One write per line under a lock: `print` writes the text and its newline apart, so two
+    threads logging at once could share a line.
+    """
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        with _WRITE_LOCK:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
