@@ -4,19 +4,21 @@
 
 Starts `satchel serve` on a scratch embedded database (as benchmarks/load.py does, whose seeding
 it reuses), then measures a second client's sequential AssembleContext calls: first alone
-(unloaded), then while a first client keeps `--flood` calls in flight on its own connection (a
-refused call is sent again after 1 s, gRPC's first retry backoff). Prints both medians and
-their ratio, the flood's calls by status code (RESOURCE_EXHAUSTED beyond its admission limit)
-and how long it ran. Auth is off: a client is its connection. SATCHEL_* settings of the
-environment reach the server (SATCHEL_MAX_ACTIVE_CALLS=4 …).
+(unloaded), then while a first client, in its own process, keeps `--flood` calls in flight on
+its own connection (a refused call is sent again after 1 s, gRPC's first retry backoff). Prints
+both medians and their ratio, the flood's calls by status code (RESOURCE_EXHAUSTED beyond its
+admission limit) and how long it ran. Auth is off: a client is its connection. SATCHEL_*
+settings of the environment reach the server (SATCHEL_MAX_ACTIVE_CALLS=4 …).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +32,7 @@ import load  # benchmarks/load.py: server start, seeding
 
 from satchel.v1 import context_pb2, context_pb2_grpc
 
+PROJECT = "fairness"
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
@@ -79,19 +82,23 @@ async def main(args: argparse.Namespace) -> int:
         try:
             async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
                 await load.wait_serving(channel, timeout=120)
-                project = "fairness"
+                project = PROJECT
                 await load.seed(channel, project, args.facts, random.Random(7))
                 stub = context_pb2_grpc.ContextServiceStub(channel)
                 await timed_calls(stub, project, 10)  # warm up
                 alone = await timed_calls(stub, project, args.calls)
-                stop = asyncio.Event()
-                flooding = asyncio.create_task(flood(target, project, args.flood, stop))
+                flood_command = ["--flood-target", target, "--flood", str(args.flood)]
+                flooder = subprocess.Popen(
+                    [sys.executable, __file__, *flood_command],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
                 await asyncio.sleep(3)  # the flood is at its peak
                 started = time.perf_counter()
                 loaded = await timed_calls(stub, project, args.calls)
                 elapsed = time.perf_counter() - started
-                stop.set()
-                codes = await flooding
+                output, _ = flooder.communicate(b"stop\n", timeout=300)
+                codes = json.loads(output)
         finally:
             load.stop_server(process)
     a, b = statistics.median(alone), statistics.median(loaded)
@@ -106,15 +113,29 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
+async def flood_until_told(target: str, in_flight: int) -> None:
+    """The flooding client's process: flood until a line on stdin, then print its codes."""
+    stop = asyncio.Event()
+    flooding = asyncio.create_task(flood(target, PROJECT, in_flight, stop))
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    stop.set()
+    print(json.dumps(await flooding))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=400, help="calls in flight (max 2000)")
     parser.add_argument("--calls", type=int, default=60, help="the other client's calls")
     parser.add_argument("--facts", type=int, default=300)
+    parser.add_argument("--flood-target", help=argparse.SUPPRESS)  # the flooding process
     args = parser.parse_args(argv)
     args.flood = max(1, min(args.flood, 2000))
     return args
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args())))
+    arguments = parse_args()
+    if arguments.flood_target:
+        asyncio.run(flood_until_told(arguments.flood_target, arguments.flood))
+    else:
+        sys.exit(asyncio.run(main(arguments)))

@@ -1,10 +1,17 @@
 """Fair admission of calls: a flood from one client never starves the others.
 
-At most `active` calls run at once. A call beyond that waits its turn, and turns go to clients
-in rotation (round robin), not to calls in arrival order: a client with a thousand calls
-waiting delays another client's call by at most one call of its own. A client may have at most
-`per_client` calls running or waiting, and all clients together `total`; one more is refused at
-once with RESOURCE_EXHAUSTED, so waiting costs bounded memory.
+At most `active` calls run at once, shared fairly: while several clients are present, each may
+run at most its share of `active` (`active` over their number, at least one), and a client
+present alone may use them all. A client is present while it has calls running or waiting, and
+for `lease` seconds after its last one ended (so that a client calling in sequence keeps its
+share between two calls). A call beyond its client's share waits its turn; turns go to clients
+in rotation (round robin), not to calls in arrival order. A client with no call running waits
+for no turn: its call runs at once, beyond `active` if need be (up to `active + newcomers`).
+
+So a client with a thousand calls waiting delays another client's call only by sharing the CPU
+with its share of running calls. A client may have at most `per_client` calls running or
+waiting, and all clients together `total`; one more is refused at once with
+RESOURCE_EXHAUSTED, so waiting costs bounded memory.
 
 A slot is a lease of `lease` seconds (0.25 s: several context calls): a call still running
 then (waiting on a lock, a slow disk, a slow reader of its stream) stops counting, and the next
@@ -17,6 +24,7 @@ A client is its API key, or (auth off) its connection. Pure asyncio, no I/O: `Ac
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,22 +32,49 @@ from contextlib import asynccontextmanager
 from satchel.server.errors import ResourceExhausted
 
 
-class FairAdmission:
-    """Round-robin admission of calls to `active` running slots (see the module)."""
+class _Slot:
+    """One call's claim on a running slot."""
 
-    def __init__(self, active: int, per_client: int, total: int, lease: float = 0.25) -> None:
+    __slots__ = ("client", "held")
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+        self.held = False
+
+
+class FairAdmission:
+    """Fair-share, round-robin admission of calls to `active` running slots (see the module)."""
+
+    def __init__(
+        self,
+        active: int,
+        per_client: int,
+        total: int,
+        lease: float = 0.25,
+        newcomers: int | None = None,
+    ) -> None:
         self.active = active
         self.per_client = per_client
         self.total = total
         self.lease = lease
+        self.ceiling = active + (active if newcomers is None else newcomers)
         self.running = 0
+        self._running: dict[str, int] = {}  # counted among the running ones, per client
         self._calls: dict[str, int] = {}  # running or waiting, per client
         self._all = 0  # running or waiting, every client
         self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+        self._ended: OrderedDict[str, float] = OrderedDict()  # idle clients: their last call's end
 
     @property
     def waiting(self) -> int:
         return sum(len(queue) for queue in self._waiting.values())
+
+    def share(self) -> int:
+        """Running calls each present client may have."""
+        horizon = time.monotonic() - self.lease
+        while self._ended and next(iter(self._ended.values())) < horizon:
+            self._ended.popitem(last=False)
+        return max(1, self.active // (len(self._calls) + len(self._ended)))
 
     def _refuse_beyond_limits(self, client: str) -> None:
         mine = self._calls.get(client, 0)
@@ -62,23 +97,24 @@ class FairAdmission:
         """Run the body once a slot is this client's turn (RESOURCE_EXHAUSTED beyond limits)."""
         self._refuse_beyond_limits(client)
         self._calls[client] = self._calls.get(client, 0) + 1
+        self._ended.pop(client, None)
         self._all += 1
         loop = asyncio.get_running_loop()
-        slot: list[bool] = []  # [held]: the call counts among the running ones
+        slot = _Slot(client)
         expiry: asyncio.TimerHandle | None = None
         try:
-            if self.running < self.active and not self._waiting:
-                self.running += 1
-                slot.append(True)
+            if self._may_run_now(client):
+                self._count(client)
+                slot.held = True
             else:
                 turn: asyncio.Future[None] = loop.create_future()
                 self._waiting.setdefault(client, deque()).append(turn)
                 try:
                     await turn
-                    slot.append(True)
+                    slot.held = True  # counted by `_admit_next`
                 except asyncio.CancelledError:
                     if turn.done() and not turn.cancelled():
-                        slot.append(True)  # the turn came as the call was cancelled: hand it on
+                        slot.held = True  # the turn came as the call was cancelled: hand it on
                     else:
                         self._withdraw(client, turn)
                     raise
@@ -92,14 +128,30 @@ class FairAdmission:
                 self._calls[client] = count
             else:
                 del self._calls[client]
+                self._ended[client] = time.monotonic()
             self._all -= 1
             self._free(slot)
 
-    def _free(self, slot: list[bool]) -> None:
+    def _may_run_now(self, client: str) -> bool:
+        mine = self._running.get(client, 0)
+        if mine == 0:
+            return self.running < self.ceiling
+        return self.running < self.active and not self._waiting and mine < self.share()
+
+    def _count(self, client: str) -> None:
+        self.running += 1
+        self._running[client] = self._running.get(client, 0) + 1
+
+    def _free(self, slot: _Slot) -> None:
         """Stop counting a call among the running ones (at its end, or when its lease ends)."""
-        if slot and slot[0]:
-            slot[0] = False
+        if slot.held:
+            slot.held = False
             self.running -= 1
+            count = self._running[slot.client] - 1
+            if count:
+                self._running[slot.client] = count
+            else:
+                del self._running[slot.client]
             self._admit_next()
 
     def _withdraw(self, client: str, turn: asyncio.Future[None]) -> None:
@@ -110,13 +162,19 @@ class FairAdmission:
                 del self._waiting[client]
 
     def _admit_next(self) -> None:
-        """Give free slots to the next clients in rotation, one waiting call each."""
+        """Give free slots to the next clients in rotation below their share, one call each."""
         while self.running < self.active and self._waiting:
-            client, queue = next(iter(self._waiting.items()))
+            share = self.share()
+            client = next(
+                (name for name in self._waiting if self._running.get(name, 0) < share), None
+            )
+            if client is None:
+                return  # every waiting client runs its share: the next call to end admits
+            queue = self._waiting[client]
             turn = queue.popleft()
             if queue:
                 self._waiting.move_to_end(client)  # its next call waits for the others' turns
             else:
                 del self._waiting[client]
             turn.set_result(None)
-            self.running += 1
+            self._count(client)

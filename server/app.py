@@ -52,6 +52,29 @@ SERVICE_NAMES = (
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC core's settings, sized so that a flood meets back-pressure, then admission.
+
+    A connection may open as many streams at once as a client may have calls running or
+    waiting: a client flooding on one connection waits in its own gRPC library (HTTP/2's
+    MAX_CONCURRENT_STREAMS, counted as HTTP/2 counts them) instead of being refused and
+    retrying. gRPC core keeps the calls the server has not taken yet in a queue, and by default
+    cancels some past 1,000 and all past 3,000 (CANCELLED, never seen by satchel, never
+    logged): that queue's limits are set far past what admission lets run or wait, which
+    refuses with RESOURCE_EXHAUSTED. HTTP/2 flow control bounds the bytes a waiting call holds.
+    """
+    backlog = 8 * settings.max_calls
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", settings.max_calls_per_client),
+        ("grpc.http.overload_protection", 0),
+        ("grpc.server.max_pending_requests", backlog),
+        ("grpc.server.max_pending_requests_hard_limit", backlog),
+    ]
+
+
 class SatchelServer:
     """One satchel replica: the gRPC server plus the resources its services need."""
 
@@ -98,11 +121,7 @@ class SatchelServer:
                 ServiceInterceptor(lambda: self.runtime.value is not None),
                 self.access,
             ],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=grpc_options(self.settings),
         )
         context_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(self.runtime), server)
         memory_pb2_grpc.add_MemoryServiceServicer_to_server(MemoryServicer(self.runtime), server)

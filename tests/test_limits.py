@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -357,3 +358,53 @@ async def test_a_write_waiting_on_the_database_never_holds_the_reads_slot(
 
 async def _writes_running(server, count: int) -> bool:
     return server.access.write_admission.running == count
+
+
+@pytest.mark.parametrize("connections", [1, 10])
+async def test_a_flood_is_served_or_refused_never_cancelled(
+    settings: Settings, project_id: str, connections: int
+) -> None:
+    """2,500 calls at once. On one connection, the calls past the per-client limit wait in the
+    client (a connection's streams are capped at that limit): all are served. Over ten
+    connections (ten clients without auth), admission refuses those past its total with
+    RESOURCE_EXHAUSTED. gRPC core's own backlog limit used to cancel hundreds (CANCELLED,
+    unlogged). Another connection's calls are served throughout."""
+    flood_size = 2500
+    async with running(settings) as server:
+        address = f"127.0.0.1:{server.port}"
+        own_connection = [("grpc.use_local_subchannel_pool", 1)]
+        async with contextlib.AsyncExitStack() as stack:
+            flood_channels = [
+                await stack.enter_async_context(
+                    grpc.aio.insecure_channel(address, options=own_connection)
+                )
+                for _ in range(connections)
+            ]
+            other_chan = await stack.enter_async_context(
+                grpc.aio.insecure_channel(address, options=own_connection)
+            )
+            request = memory_pb2.ListFactsRequest(project_id=project_id, subject_id="user-1")
+
+            async def one_call(n: int) -> tuple[grpc.StatusCode, str]:
+                stub = memory_pb2_grpc.MemoryServiceStub(flood_channels[n % connections])
+                try:
+                    await stub.ListFacts(request, timeout=120)
+                    return grpc.StatusCode.OK, ""
+                except grpc.aio.AioRpcError as err:
+                    code, _, reason = error_details(err)
+                    return code, reason
+
+            flood = [asyncio.create_task(one_call(n)) for n in range(flood_size)]
+            other_stub = context_pb2_grpc.ContextServiceStub(other_chan)
+            for _ in range(3):
+                await other_stub.AssembleContext(_context(), timeout=120)
+            outcomes = await asyncio.gather(*flood)
+    served = outcomes.count((grpc.StatusCode.OK, ""))
+    if connections == 1:
+        assert served == flood_size
+    else:
+        assert set(outcomes) <= {
+            (grpc.StatusCode.OK, ""),
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "SERVER_BUSY"),
+        }
+        assert served >= Settings().max_calls

@@ -16,8 +16,56 @@ async def _call(admission: FairAdmission, client: str, order: list[str], release
         await release.wait()
 
 
-async def test_a_flooding_client_delays_another_by_at_most_one_call_of_its_own() -> None:
-    admission = FairAdmission(active=1, per_client=100, total=100)
+async def test_a_client_with_nothing_running_runs_at_once_beside_a_flood() -> None:
+    admission = FairAdmission(active=1, per_client=100, total=100, newcomers=1)
+    order: list[str] = []
+    release = asyncio.Event()
+    flood = [asyncio.create_task(_call(admission, "flood", order, release)) for _ in range(6)]
+    await asyncio.sleep(0)
+    other = asyncio.create_task(_call(admission, "other", order, release))
+    await asyncio.sleep(0)
+    assert order == ["flood", "other"] and admission.running == 2 and admission.waiting == 5
+    third = asyncio.create_task(_call(admission, "third", order, release))
+    await asyncio.sleep(0)
+    assert order == ["flood", "other"], "beyond active + newcomers, a newcomer waits its turn"
+    release.set()
+    await asyncio.gather(*flood, other, third)
+    assert admission.running == 0 and admission.waiting == 0
+
+
+async def test_while_another_client_is_present_a_flood_runs_only_its_share() -> None:
+    admission = FairAdmission(active=2, per_client=100, total=100, lease=0.2)
+    order: list[str] = []
+    gates = [asyncio.Event() for _ in range(7)]
+    flood = [asyncio.create_task(_call(admission, "flood", order, gates[i])) for i in range(6)]
+    await asyncio.sleep(0)
+    assert order == ["flood", "flood"], "alone, a client runs as many calls as there are slots"
+    other = asyncio.create_task(_call(admission, "other", order, gates[6]))
+    await asyncio.sleep(0)
+    assert order == ["flood", "flood", "other"] and admission.share() == 1
+    gates[0].set()
+    await asyncio.sleep(0.01)
+    assert admission.running == 2, "the flood is at its share (1), the other call runs"
+    gates[6].set()  # the other client's call ends; it stays present for a lease
+    await other
+    await asyncio.sleep(0.01)
+    assert admission.running == 1 and admission.waiting == 4, "a slot stays free for the other"
+    gates[1].set()  # the flood's running call ends: its next one runs, one only
+    await asyncio.sleep(0.01)
+    assert order.count("flood") == 3 and admission.running == 1
+    await asyncio.sleep(0.25)  # the other client is gone: the flood's share is both slots again
+    gates[2].set()
+    await asyncio.sleep(0.01)
+    assert order.count("flood") == 5 and admission.running == 2
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(*flood)
+    assert admission.running == 0 and admission.waiting == 0
+
+
+async def test_turns_rotate_between_waiting_clients() -> None:
+    """Without newcomer slots, a flood delays another client by at most one call of its own."""
+    admission = FairAdmission(active=1, per_client=100, total=100, newcomers=0)
     order: list[str] = []
     gates = [asyncio.Event() for _ in range(8)]
     flood = [asyncio.create_task(_call(admission, "flood", order, gates[i])) for i in range(6)]
@@ -58,7 +106,7 @@ async def test_limits_refuse_at_once_per_client_and_in_all() -> None:
 
 
 async def test_a_cancelled_waiting_call_gives_up_its_place() -> None:
-    admission = FairAdmission(active=1, per_client=10, total=10)
+    admission = FairAdmission(active=1, per_client=10, total=10, newcomers=0)
     release = asyncio.Event()
     order: list[str] = []
     first = asyncio.create_task(_call(admission, "a", order, release))
@@ -77,7 +125,7 @@ async def test_a_cancelled_waiting_call_gives_up_its_place() -> None:
 
 async def test_a_call_past_its_lease_lets_the_next_one_run() -> None:
     """A call stuck (on a lock, say) holds the others back for one lease, not until it ends."""
-    admission = FairAdmission(active=1, per_client=10, total=10, lease=0.05)
+    admission = FairAdmission(active=1, per_client=10, total=10, lease=0.05, newcomers=0)
     stuck, done = asyncio.Event(), asyncio.Event()
     order: list[str] = []
     first = asyncio.create_task(_call(admission, "a", order, stuck))
