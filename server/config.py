@@ -81,6 +81,11 @@ class ContextSettings:
     multi_hop_max_per_entity: int = 5
     # WatchTraces: calls queued per watcher before whole calls are dropped for it.
     watch_queue_traces: int = 64
+    # A trace is committed before the reply either way (GetTrace finds it); durable: the commit
+    # also waits for its WAL to reach the disk. Off (the default), a crash of PostgreSQL or of
+    # the machine may lose the traces of the last ~0.6 s (synchronous_commit = off for trace
+    # writes only: memory writes always wait).
+    trace_durable_commit: bool = False
 
     def with_ranking(self, ranking: str) -> ContextSettings:
         """These settings under another ranking, with that ranking's default weights."""

@@ -6,6 +6,10 @@ scored fact candidates (two-phase) and episodes; pack (hybrid ranking: facts and
 one list; seed: the facts); if budget remains, one multi-hop pass over entities of the retained
 facts (full-text only, never gated); seed only: the episodes into what remains; persist the
 trace; the packet. What the packet already says is left out (`source_already_served`).
+
+The multi-hop pass does not wait for the episodes: seed ranking knows its entities once the
+facts are packed; hybrid ranking starts it on the entities of the facts packed alone, and runs
+it again in the rare call where the packing with episodes retained other entities.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from satchel.server.config import ContextSettings
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
@@ -145,6 +150,26 @@ def _episode_candidate(row: dict[str, Any]) -> Candidate:
     )
 
 
+def _hop_entities(packer: Packer, query: str, max_entities: int) -> list[str]:
+    """The entities of the multi-hop pass: none when no budget remains."""
+    if packer.remaining <= 0:
+        return []
+    retained = [c.text for c in packer.included if c.kind == FACT]
+    return extract_entities(retained, query, max_entities)
+
+
+def _likely_hop_entities(
+    request: ContextRequest, facts: list[Candidate], skip_served: bool, cfg: ContextSettings
+) -> list[str]:
+    """The multi-hop entities of a packing of the facts alone: hybrid packing ranks episodes
+    among the facts, and mostly retains the same facts, so its pass can start on this guess
+    while the episodes load (it runs again, on the right entities, when the guess missed)."""
+    packer = Packer(request.budget_tokens, max_distance=request.max_distance)
+    for _ in packer.pack(facts, skip_served=skip_served):
+        pass
+    return _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+
+
 def _served_fact(row: dict[str, Any]) -> ServedFact:
     return ServedFact(
         id=str(row["id"]),
@@ -205,41 +230,68 @@ async def assemble(
     mark = timer.add("embed", timer.started)
 
     packer = Packer(request.budget_tokens, max_distance=request.max_distance)
-    rows, episodes = await asyncio.gather(
-        fetch(store.fetch_fact_candidates, scope, vector, cfg, plan),
-        fetch(store.fetch_episodes, scope, vector, cfg, plan),
-    )
-    mark = timer.add("retrieve", mark)
-    rows_by_id = {str(r["id"]): r for r in rows}
-    episode_rows = {str(r["id"]): r for r in episodes}
     skip = cfg.skip_served_episodes
     # Hybrid: facts and episodes in one ranked list, a restated value's newest statement
     # first (the SQL finds restatements in hybrid ranking only); seed: facts, multi-hop, then
     # episodes.
     hybrid = cfg.ranking == "hybrid"
-    fact_candidates = _fact_candidates(rows)
-    episode_candidates = [_episode_candidate(r) for r in episodes]
-    first = fact_candidates + episode_candidates if hybrid else fact_candidates
-    for decision in packer.pack(first, skip_served=skip):
-        yield decision
-    mark = timer.add("pack", mark)
-
-    retained = [c.text for c in packer.included if c.kind == FACT]
-    entities = extract_entities(retained, request.query, cfg.multi_hop_max_entities)
-    if packer.remaining > 0 and entities:
-        text_full = float(rows[0]["text_full"]) if rows else None
-        hops = await fetch(
-            store.fetch_multi_hop, scope, vector, cfg, plan, entities, list(rows_by_id), text_full
-        )
+    facts_task = asyncio.ensure_future(fetch(store.fetch_fact_candidates, scope, vector, cfg, plan))
+    episodes_task = asyncio.ensure_future(fetch(store.fetch_episodes, scope, vector, cfg, plan))
+    hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
+    unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess
+    try:
+        rows = await facts_task
         mark = timer.add("retrieve", mark)
-        rows_by_id.update((str(r["id"]), r) for r in hops)
-        hop_candidates = _fact_candidates(hops)
-        hop_pass = packer.pack(
-            hop_candidates, gated=False, reason=MULTI_HOP_EXPANSION, skip_served=skip
-        )
-        for decision in hop_pass:
-            yield decision
-        mark = timer.add("pack", mark)
+        rows_by_id = {str(r["id"]): r for r in rows}
+        fact_candidates = _fact_candidates(rows)
+        text_full = float(rows[0]["text_full"]) if rows else None
+
+        def multi_hop(entities: list[str]) -> asyncio.Future[list[dict[str, Any]]]:
+            return asyncio.ensure_future(
+                fetch(
+                    store.fetch_multi_hop,
+                    *(scope, vector, cfg, plan, entities, list(rows_by_id), text_full),
+                )
+            )
+
+        if not hybrid:  # the facts are packed first: their multi-hop pass runs with the episodes
+            for decision in packer.pack(fact_candidates, skip_served=skip):
+                yield decision
+            mark = timer.add("pack", mark)
+            hop_entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+        else:  # the pass a packing of the facts alone would need, run while episodes load
+            hop_entities = _likely_hop_entities(request, fact_candidates, skip, cfg)
+        if hop_entities:
+            hop_task = multi_hop(hop_entities)
+        episodes = await episodes_task
+        mark = timer.add("retrieve", mark)
+        episode_rows = {str(r["id"]): r for r in episodes}
+        episode_candidates = [_episode_candidate(r) for r in episodes]
+        if hybrid:
+            for decision in packer.pack(fact_candidates + episode_candidates, skip_served=skip):
+                yield decision
+            mark = timer.add("pack", mark)
+            entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+            if entities != hop_entities:  # the guess missed: the pass the packing needs
+                if hop_task is not None:
+                    unused.append(hop_task)  # left to end: cancelling a query costs more
+                hop_task = multi_hop(entities) if entities else None
+
+        if hop_task is not None:
+            hops = await hop_task
+            mark = timer.add("retrieve", mark)
+            rows_by_id.update((str(r["id"]), r) for r in hops)
+            hop_pass = packer.pack(
+                _fact_candidates(hops), gated=False, reason=MULTI_HOP_EXPANSION, skip_served=skip
+            )
+            for decision in hop_pass:
+                yield decision
+            mark = timer.add("pack", mark)
+        await asyncio.gather(*unused, return_exceptions=True)
+    finally:
+        for task in (facts_task, episodes_task, hop_task, *unused):
+            if task is not None and not task.done():
+                task.cancel()
 
     if not hybrid:
         for decision in packer.pack(episode_candidates, skip_served=skip):
@@ -281,6 +333,7 @@ async def assemble(
         pack_ms=timer.spans.get("pack", 0.0),
         total_ms=timer.total_ms(),
     )
-    await fetch(store.save_trace, call, [_trace_row(d) for d in packer.decisions])
+    decision_rows = [_trace_row(d) for d in packer.decisions]
+    await fetch(store.save_trace, call, decision_rows, durable=cfg.trace_durable_commit)
     runtime.telemetry.observe_call(call)
     yield packet

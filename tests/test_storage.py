@@ -302,3 +302,59 @@ def test_a_process_that_died_holding_the_embedded_server_does_not_keep_it_runnin
         embedded.stop()
     assert not (pgdata / "postmaster.pid").exists(), "PostgreSQL was left running"
     assert json.loads(handles.read_text()) == []
+
+
+async def _wal_fsyncs(conn: psycopg.AsyncConnection) -> int:
+    """WAL fsyncs this connection's backend made (PostgreSQL 18 per-backend statistics)."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT 1")  # the statistics are flushed at the end of a statement
+    cur = await conn.execute(
+        "SELECT coalesce(sum(fsyncs), 0)::int FROM pg_stat_get_backend_io(pg_backend_pid())"
+        " WHERE object = 'wal'"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_traces_are_committed_either_way_and_wait_for_the_disk_only_when_durable(
+    fresh_database: str,
+) -> None:
+    """A trace is committed on return whether durable or not (another connection reads it); only
+    a durable save makes its backend flush the WAL to disk (SATCHEL_TRACE_DURABLE_COMMIT)."""
+    import uuid
+
+    from satchel.server.storage.context import CallRecord, load_trace, save_trace
+
+    apply_migrations(fresh_database)
+    decision = (
+        0,
+        str(uuid.uuid4()),
+        "fact",
+        "included",
+        "relevant",
+        0.9,
+        0.9,
+        0.0,
+        0.1,
+        12,
+        12,
+        "x",
+    )
+    fsyncs = {}
+    async with (
+        await psycopg.AsyncConnection.connect(fresh_database, autocommit=True) as writer,
+        await psycopg.AsyncConnection.connect(fresh_database, autocommit=True) as reader,
+    ):
+        for durable in (True, False):
+            before = await _wal_fsyncs(writer)
+            for _ in range(10):
+                call = CallRecord(
+                    uuid.uuid4(), "p", "s", "q", 900, None, "ok", [], "", 12, 1, 0, 1, 1, 1, 3
+                )
+                await save_trace(writer, call, [decision], durable=durable)
+                found = await load_trace(reader, "p", call.trace_id)
+                assert found is not None and len(found[1]) == 1
+            fsyncs[durable] = await _wal_fsyncs(writer) - before
+    assert fsyncs[True] >= 10
+    assert fsyncs[False] <= 1

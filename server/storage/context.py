@@ -187,10 +187,6 @@ def _text_rank_of(text: TextRank, alias: str) -> str:
     )
 
 
-# The text rank of a document `{d}` from the matches `hits` (raw ranks computed once).
-_HIT_TEXT_RANK = f"least(1.0, coalesce(hits.raw, 0.0) / {_TEXT_FULL})"
-
-
 _SCORE = """
     %(w_similarity)s * similarity + %(w_text_rank)s * text_rank + %(w_recency)s * recency
 """
@@ -222,20 +218,28 @@ SELECT ARRAY(
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
 # the other columns are read for the best ones only. Serves small scopes and the benchmarks'
-# reference ranking. `hits` (the text matches, raw ranks computed once) is materialized: where
-# it is read once, PostgreSQL would inline it and rescan it for every fact.
+# reference ranking. One pass over the scope's facts (`scan`) reads each fact's distance,
+# recency input and raw text rank (computed for matching facts only); the best are ranked from
+# it. (Joining the text matches to the facts instead was a nested loop: PostgreSQL cannot
+# estimate how many facts match, and rescanned the matches for every fact.)
 _EXACT_SQL = """
 WITH q AS MATERIALIZED ({text_query}),
-hits AS MATERIALIZED (
-    SELECT f.id, {raw_rank} AS raw FROM facts f, q WHERE {visible} AND {match}
+scan AS MATERIALIZED (
+    SELECT f.id, f.since_epoch, f.embedding <=> %(vector)s AS distance,
+           CASE WHEN {match} THEN {raw_rank} END AS raw
+    FROM facts f, q WHERE {visible}
 ),
+hits AS (SELECT id, raw FROM scan WHERE raw IS NOT NULL),
 text_full AS ({text_full}),
 best AS (
     SELECT id, text_rank FROM (
-        SELECT f.id, {hit_text_rank} AS text_rank, f.embedding, f.since_epoch
-        FROM facts f LEFT JOIN hits USING (id) WHERE {visible}
+        SELECT s.id, s.distance, s.since_epoch,
+               least(1.0, coalesce(s.raw, 0.0) / {text_full_value}) AS text_rank
+        FROM scan s
     ) f
-    ORDER BY {ranked_fact_score} DESC, id LIMIT %(candidate_limit)s
+    ORDER BY %(w_similarity)s * (1 - f.distance) + %(w_text_rank)s * f.text_rank
+        + %(w_recency)s * {recency} DESC, id
+    LIMIT %(candidate_limit)s
 ),
 scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
 {restated}
@@ -515,7 +519,6 @@ def _render(template: str) -> dict[tuple[str, bool], Statement]:
                     text_full=text.full,
                     given_text_full=_GIVEN_TEXT_FULL,
                     text_full_value=_TEXT_FULL,
-                    hit_text_rank=_HIT_TEXT_RANK,
                     own_of_pool=_POOLED_OWN.format(event_text_rank=_text_rank_of(text, "e")),
                     restates=_RESTATES,
                     restated=_RESTATED,
@@ -523,7 +526,6 @@ def _render(template: str) -> dict[tuple[str, bool], Statement]:
                     own_of_neighbours=_NEIGHBOURS_OWN.format(
                         event_text_rank=_text_rank_of(text, "e")
                     ),
-                    ranked_fact_score=_FACT_SCORE.format(text_rank="f.text_rank"),
                     pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
                 )
             )
@@ -772,8 +774,14 @@ TRACE_COLUMNS = (
 )
 
 
-_SAVE_TRACE_SQL = f"""
-WITH call AS (
+def _save_trace_sql(durable: bool) -> str:
+    """The statement that saves a trace; not `durable`, it commits without waiting for the WAL
+    flush: `set_config(..., true)` sets synchronous_commit for the statement's own transaction
+    (autocommit: the statement itself)."""
+    relax = "" if durable else "relaxed AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    return f"""
+WITH {relax}
+call AS (
     INSERT INTO context_calls (trace_id, project_id, subject_id, query, budget_tokens, as_of,
         status, warnings, empty_reason, tokens_used, facts_served, episodes_served,
         embed_ms, retrieve_ms, pack_ms, total_ms)
@@ -787,7 +795,8 @@ WITH call AS (
         'project_id', project_id, 'subject_id', subject_id, 'trace_id', trace_id)::text)
 )
 INSERT INTO context_traces ({", ".join(TRACE_COLUMNS)})
-SELECT call.trace_id, d.* FROM call, json_to_recordset(%(decisions)s::json) AS d(
+SELECT call.trace_id, d.* FROM call, {"" if durable else "relaxed, "}json_to_recordset(
+    %(decisions)s::json) AS d(
     sequence int, candidate_id uuid, candidate_kind text, outcome text, reason_code text,
     score float8, similarity float8, text_rank float8, recency float8, tokens int,
     budget_used int, preview text
@@ -795,10 +804,18 @@ SELECT call.trace_id, d.* FROM call, json_to_recordset(%(decisions)s::json) AS d
 """
 
 
+_SAVE_TRACE_SQL = {durable: _save_trace_sql(durable) for durable in (True, False)}
+
+
 async def save_trace(
-    conn: AsyncConnection, call: CallRecord, decision_rows: Sequence[Sequence[Any]]
+    conn: AsyncConnection,
+    call: CallRecord,
+    decision_rows: Sequence[Sequence[Any]],
+    *,
+    durable: bool = False,
 ) -> None:
-    """Persist a call and all its decisions in one statement (one round trip).
+    """Persist a call and all its decisions in one statement (one round trip), committed on
+    return; `durable`: once its WAL is on disk too (SATCHEL_TRACE_DURABLE_COMMIT).
 
     Each decision row holds the values of `TRACE_COLUMNS[1:]`, in order, ids as strings. The
     decisions travel as one JSON array: adapting a dozen typed arrays instead took ~1.5 ms of
@@ -807,7 +824,7 @@ async def save_trace(
     params: dict[str, Any] = dict(call.__dict__)
     names = TRACE_COLUMNS[1:]
     params["decisions"] = json.dumps([dict(zip(names, row, strict=True)) for row in decision_rows])
-    await conn.execute(_SAVE_TRACE_SQL, params)
+    await conn.execute(_SAVE_TRACE_SQL[durable], params)
 
 
 async def load_trace(
