@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from satchel.server.config import ContextSettings
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
@@ -159,7 +158,7 @@ def _hop_entities(packer: Packer, query: str, max_entities: int) -> list[str]:
 
 
 def _likely_hop_entities(
-    request: ContextRequest, facts: list[Candidate], skip_served: bool, cfg: ContextSettings
+    request: ContextRequest, facts: list[Candidate], skip_served: bool, max_entities: int
 ) -> list[str]:
     """The multi-hop entities of a packing of the facts alone: hybrid packing ranks episodes
     among the facts, and mostly retains the same facts, so its pass can start on this guess
@@ -167,7 +166,7 @@ def _likely_hop_entities(
     packer = Packer(request.budget_tokens, max_distance=request.max_distance)
     for _ in packer.pack(facts, skip_served=skip_served):
         pass
-    return _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+    return _hop_entities(packer, request.query, max_entities)
 
 
 def _served_fact(row: dict[str, Any]) -> ServedFact:
@@ -247,12 +246,9 @@ async def assemble(
         text_full = float(rows[0]["text_full"]) if rows else None
 
         def multi_hop(entities: list[str]) -> asyncio.Future[list[dict[str, Any]]]:
-            return asyncio.ensure_future(
-                fetch(
-                    store.fetch_multi_hop,
-                    *(scope, vector, cfg, plan, entities, list(rows_by_id), text_full),
-                )
-            )
+            seen = list(rows_by_id)
+            hop = fetch(store.fetch_multi_hop, scope, vector, cfg, plan, entities, seen, text_full)
+            return asyncio.ensure_future(hop)
 
         if not hybrid:  # the facts are packed first: their multi-hop pass runs with the episodes
             for decision in packer.pack(fact_candidates, skip_served=skip):
@@ -260,7 +256,9 @@ async def assemble(
             mark = timer.add("pack", mark)
             hop_entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
         else:  # the pass a packing of the facts alone would need, run while episodes load
-            hop_entities = _likely_hop_entities(request, fact_candidates, skip, cfg)
+            hop_entities = _likely_hop_entities(
+                request, fact_candidates, skip, cfg.multi_hop_max_entities
+            )
         if hop_entities:
             hop_task = multi_hop(hop_entities)
         episodes = await episodes_task
