@@ -669,11 +669,7 @@ async def fetch_fact_candidates(
     variant = (cfg.ranking, scope.historical)
     if exact or plan.scope_facts <= cfg.exact_scope_max:
         return await fetch_all(conn, EXACT_SQL[variant], params)
-    async with conn.transaction():
-        # Planning this statement for each call's values cost about 2 ms, and its plan does
-        # not depend on them: plan it once per connection (benchmarks/context.md).
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        return await _two_phase(conn, params, cfg, variant)
+    return await _two_phase(conn, params, cfg, variant)
 
 
 async def _two_phase(
@@ -685,7 +681,7 @@ async def _two_phase(
     """Phase 1 widened until it holds the top (see `fetch_fact_candidates`), then phase 2."""
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
     while True:
-        rows = await fetch_all(conn, CANDIDATES_SQL[variant], params, prepare=True)
+        rows = await fetch_all(conn, CANDIDATES_SQL[variant], params)
         if not rows:
             return rows
         report = source_report(rows[0], params)

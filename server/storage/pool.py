@@ -21,10 +21,18 @@ def create_pool(
     connect_timeout: int = 5,
     statement_timeout: float = 0.0,
 ) -> AsyncConnectionPool:
-    """A pool whose connections know the vector type and search HNSW deeply enough.
+    """A pool whose connections know the vector type, search HNSW deeply enough and plan a
+    prepared statement once.
 
     `hnsw.ef_search` defaults to 40, which caps an HNSW LIMIT 64 at 40 rows; with a scope
     filter, only an iterative scan returns the rows asked for (pgvector >= 0.8).
+
+    `plan_cache_mode = force_generic_plan`: PostgreSQL plans a prepared statement again for
+    each call's values until its generic plan looks no costlier, and for the context reads it
+    never did, so every context call spent 4 to 8 ms of CPU planning them. Every statement here
+    is bound to one project (context reads: one scope) and its path is chosen in Python before
+    it runs (exact or two-phase, by the scope's size), so its plan does not depend on its values
+    (benchmarks/context.md).
 
     Faults: a call waits at most `timeout` seconds for a connection (then `PoolTimeout`, which
     the interceptor turns into UNAVAILABLE), a connection attempt gives up after
@@ -38,6 +46,7 @@ def create_pool(
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
         await conn.execute("SET hnsw.iterative_scan = relaxed_order")
         await conn.execute(f"SET statement_timeout = {int(statement_timeout * 1000)}")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
         await conn.commit()
 
     return AsyncConnectionPool(

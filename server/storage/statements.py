@@ -3,7 +3,7 @@
 psycopg finds a query's `%(name)s` placeholders with a regular expression on every call once the
 query is longer than 4 kB (it caches shorter ones); the context statements are longer, and
 parsing them cost ~0.8 ms of the event loop each. A `Statement` is converted once, at import,
-and runs through a raw cursor, which sends it as it is (still prepared after a few calls).
+and runs through a raw cursor, which sends it as it is (prepared on its first run, see `fetch_all`).
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ async def fetch_all(
     conn: AsyncConnection,
     statement: Statement,
     params: Mapping[str, Any],
-    *,
-    prepare: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Run `statement` with `params` and return its rows as dicts (`prepare` as psycopg's).
+    """Run `statement` with `params` and return its rows as dicts.
+
+    The statement is prepared on its first run on a connection, not its sixth (psycopg's
+    default): the pool's connections plan it once (see `create_pool`), not on each call.
 
     Ids (uuid) come back as strings: the callers compare and serve them as strings, and
     building a `UUID` then its string cost ~5 µs an id, hundreds of ids a context call.
     """
     cur = AsyncRawCursor(conn, row_factory=dict_row)
     cur.adapters.register_loader("uuid", TextLoader)
-    await cur.execute(statement.text, statement.args(params), prepare=prepare)
+    await cur.execute(statement.text, statement.args(params), prepare=True)
     return await cur.fetchall()
