@@ -27,6 +27,7 @@ from satchel.server.config import ContextSettings
 from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.domain.text_query import MAX_QUERY_TERMS, TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
+from satchel.server.storage.pool import generic_plans
 from satchel.server.storage.statements import Statement, fetch_all
 
 MULTI_HOP_SCAN_LIMIT = 256
@@ -406,15 +407,14 @@ _NEIGHBOURS_OWN = _EVENT_OWN.format(
 _HYBRID_EPISODES_SQL = (
     """
 WITH q AS MATERIALIZED ({text_query}),
-hits AS MATERIALIZED (
-    SELECT e.id, {event_raw_rank} AS raw FROM events e, q
-    WHERE {visible_events} AND {event_match}
+scan AS MATERIALIZED (
+    SELECT e.id, e.embedding <=> %(vector)s AS distance,
+           CASE WHEN {event_match} THEN {event_raw_rank} END AS raw
+    FROM events e, q WHERE {visible_events}
 ),
+hits AS (SELECT id, raw FROM scan WHERE raw IS NOT NULL),
 text_full AS ({text_full}),
-by_vector AS (
-    SELECT e.id FROM events e WHERE {visible_events}
-    ORDER BY e.embedding <=> %(vector)s LIMIT %(episode_pool)s
-),
+by_vector AS (SELECT id FROM scan ORDER BY distance LIMIT %(episode_pool)s),
 by_text AS (SELECT id FROM hits ORDER BY raw DESC LIMIT %(episode_pool)s),
 pool AS (SELECT id FROM by_vector UNION SELECT id FROM by_text),
 pooled AS ({own_of_pool}),
@@ -667,9 +667,10 @@ async def fetch_fact_candidates(
     """
     params = _params(scope, vector, cfg, plan)
     variant = (cfg.ranking, scope.historical)
-    if exact or plan.scope_facts <= cfg.exact_scope_max:
-        return await fetch_all(conn, EXACT_SQL[variant], params)
-    return await _two_phase(conn, params, cfg, variant)
+    async with generic_plans(conn):
+        if exact or plan.scope_facts <= cfg.exact_scope_max:
+            return await fetch_all(conn, EXACT_SQL[variant], params)
+        return await _two_phase(conn, params, cfg, variant)
 
 
 async def _two_phase(
@@ -714,7 +715,8 @@ async def fetch_multi_hop(
         params["text_rank_full"] = text_full
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
-    return await fetch_all(conn, MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
+    async with generic_plans(conn):
+        return await fetch_all(conn, MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
 
 
 async def fetch_episodes(

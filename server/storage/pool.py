@@ -21,18 +21,10 @@ def create_pool(
     connect_timeout: int = 5,
     statement_timeout: float = 0.0,
 ) -> AsyncConnectionPool:
-    """A pool whose connections know the vector type, search HNSW deeply enough and plan a
-    prepared statement once.
+    """A pool whose connections know the vector type and search HNSW deeply enough.
 
     `hnsw.ef_search` defaults to 40, which caps an HNSW LIMIT 64 at 40 rows; with a scope
     filter, only an iterative scan returns the rows asked for (pgvector >= 0.8).
-
-    `plan_cache_mode = force_generic_plan`: PostgreSQL plans a prepared statement again for
-    each call's values until its generic plan looks no costlier, and for the context reads it
-    never did, so every context call spent 4 to 8 ms of CPU planning them. Every statement here
-    is bound to one project (context reads: one scope) and its path is chosen in Python before
-    it runs (exact or two-phase, by the scope's size), so its plan does not depend on its values
-    (benchmarks/context.md).
 
     Faults: a call waits at most `timeout` seconds for a connection (then `PoolTimeout`, which
     the interceptor turns into UNAVAILABLE), a connection attempt gives up after
@@ -46,7 +38,6 @@ def create_pool(
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
         await conn.execute("SET hnsw.iterative_scan = relaxed_order")
         await conn.execute(f"SET statement_timeout = {int(statement_timeout * 1000)}")
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
         await conn.commit()
 
     return AsyncConnectionPool(
@@ -84,3 +75,28 @@ async def autocommit(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection
                 await conn.set_autocommit(False)
             else:  # lost or cut short: resetting it would raise over the real error
                 await conn.close()
+
+
+# `set_config(..., true)`: for the current transaction only.
+_GENERIC_PLANS = (
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
+    " set_config('enable_seqscan', 'off', true)"
+)
+
+
+@asynccontextmanager
+async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction whose prepared statements run their generic plan, made without sequential
+    scans: for the statements of a scope that has chosen its path (exact or two-phase) by size.
+
+    PostgreSQL plans a prepared statement for each call's values until the generic plan looks
+    no costlier; it never did for the exact facts and multi-hop statements, which cost 2 to 4 ms
+    of planning each, every call. A generic plan is made without the scope's values: where a
+    few scopes hold most of the table it expected a scope to be large and read the whole table
+    (61 ms instead of 3 for a 300-fact scope beside a 100,000-fact one, benchmarks/context.md).
+    Without sequential scans it reads the scope through its indexes, right for any scope a path
+    was chosen for. One round trip with the statement (a pipeline).
+    """
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_GENERIC_PLANS)
+        yield
