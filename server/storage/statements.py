@@ -55,7 +55,7 @@ async def fetch_all(
     """Run `statement` with `params` and return its rows as dicts.
 
     The statement is prepared on its first run on a connection, not its sixth (psycopg's
-    default): the pool's connections plan it once (see `create_pool`), not on each call.
+    default), so that inside `generic_plans` it is planned once, on that first run.
 
     Ids (uuid) come back as strings: the callers compare and serve them as strings, and
     building a `UUID` then its string cost ~5 µs an id, hundreds of ids a context call.
