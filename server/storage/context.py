@@ -728,9 +728,10 @@ async def fetch_episodes(
     if cfg.episode_top_k == 0:
         return []
     statements = HYBRID_EPISODES_SQL if cfg.ranking == "hybrid" else EPISODES_SQL
-    return await fetch_all(
-        conn, statements[(cfg.ranking, scope.historical)], _params(scope, vector, cfg, plan)
-    )
+    async with generic_plans(conn):
+        return await fetch_all(
+            conn, statements[(cfg.ranking, scope.historical)], _params(scope, vector, cfg, plan)
+        )
 
 
 @dataclass(frozen=True)
