@@ -371,7 +371,9 @@ WITH top AS (
     + _EPISODES_TAIL
 )
 
-# Hybrid episodes. Phase 1: the nearest events (HNSW) and the best BM25 matches (GIN), scored
+# Hybrid episodes. Phase 1: one pass over the scope's events reads each one's distance and BM25
+# (a common word, like a speaker's name, is in most of them: the text index would list its
+# matches in every scope); the nearest events and the best BM25 matches are pooled and scored
 # like facts (own score). Phase 2: the neighbours in the conversation of the best of them (the
 # events just before and after each, within %(context_gap)s), scored too; then each event is
 # lifted to its context score when higher: weight x its best neighbour's own score +

@@ -87,7 +87,8 @@ _GENERIC_PLANS = (
 @asynccontextmanager
 async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
     """A transaction whose prepared statements run their generic plan, made without sequential
-    scans: for the statements of a scope that has chosen its path (exact or two-phase) by size.
+    scans: for the context reads of one scope (facts, exact or two-phase as the scope's size
+    chose, multi-hop, episodes).
 
     PostgreSQL plans a prepared statement for each call's values until the generic plan looks
     no costlier; it never did for the exact facts and multi-hop statements, which cost 2 to 4 ms
