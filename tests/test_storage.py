@@ -412,11 +412,11 @@ async def test_deleting_calls_deletes_their_decisions_and_nothing_else(
 async def test_context_statements_are_planned_once_per_connection(
     channel, project_id: str, settings, embedder
 ) -> None:
-    """The exact facts and multi-hop statements run their generic plan, made on their first run
-    (`generic_plans`): PostgreSQL had kept planning them for each call's values, 2 to 4 ms each.
-    A real call (facts, episodes, a multi-hop pass) runs twice on a pool of one connection,
-    which then holds both statements prepared, never planned for their values, and the pool's
-    connection is left with PostgreSQL's defaults for every other statement."""
+    """The exact facts and episodes statements run their generic plan, made on their first run
+    (`generic_plans`): PostgreSQL had kept planning the facts statement for each call's values,
+    2 to 4 ms a call. A real call runs twice on a pool of one connection, which then holds both
+    statements prepared, never planned for their values, and the pool's connection is left with
+    PostgreSQL's defaults for every other statement."""
     from memory_helpers import event_request, fact_request
     from memory_helpers import stub as memory_stub
 
@@ -460,7 +460,7 @@ async def test_context_statements_are_planned_once_per_connection(
     assert defaults == ("auto", "on")
     for name, statements in [
         ("facts", store_context.EXACT_SQL),
-        ("multi-hop", store_context.MULTI_HOP_SQL),
+        ("episodes", store_context.HYBRID_EPISODES_SQL),
     ]:
         texts = {s.text for s in statements.values()}
         plans = [(generic, custom) for text, generic, custom in prepared if text in texts]

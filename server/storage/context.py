@@ -717,8 +717,7 @@ async def fetch_multi_hop(
         params["text_rank_full"] = text_full
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
-    async with generic_plans(conn):
-        return await fetch_all(conn, MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
+    return await fetch_all(conn, MULTI_HOP_SQL[(cfg.ranking, scope.historical)], params)
 
 
 async def fetch_episodes(

@@ -87,16 +87,17 @@ _GENERIC_PLANS = (
 @asynccontextmanager
 async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
     """A transaction whose prepared statements run their generic plan, made without sequential
-    scans: for the context reads of one scope (facts, exact or two-phase as the scope's size
-    chose, multi-hop, episodes).
+    scans: for the facts (exact or two-phase, as the scope's size chose) and episodes of one
+    scope.
 
     PostgreSQL plans a prepared statement for each call's values until the generic plan looks
-    no costlier; it never did for the exact facts and multi-hop statements, which cost 2 to 4 ms
-    of planning each, every call. A generic plan is made without the scope's values: where a
-    few scopes hold most of the table it expected a scope to be large and read the whole table
-    (61 ms instead of 3 for a 300-fact scope beside a 100,000-fact one, benchmarks/context.md).
-    Without sequential scans it reads the scope through its indexes, right for any scope a path
-    was chosen for. One round trip with the statement (a pipeline).
+    no costlier; for the exact facts statement it never did, 2 to 4 ms of planning every call.
+    A generic plan is made without the scope's values: where a few scopes hold most of the
+    table it expected a scope to be large and read the whole table (61 ms instead of 3 for a
+    300-fact scope beside a 100,000-fact one, benchmarks/context.md). Without sequential scans
+    it reads the scope through its indexes, right for any scope a path was chosen for. The
+    multi-hop statement keeps per-call plans: its generic plan made a call on that 100,000-fact
+    scope 40 → 60 ms. One round trip with the statement (a pipeline).
     """
     async with conn.pipeline(), conn.transaction():
         await conn.execute(_GENERIC_PLANS)
