@@ -728,11 +728,12 @@ async def fetch_episodes(
     the nearest to the query vector (HNSW)."""
     if cfg.episode_top_k == 0:
         return []
-    statements = HYBRID_EPISODES_SQL if cfg.ranking == "hybrid" else EPISODES_SQL
+    params = _params(scope, vector, cfg, plan)
+    variant = (cfg.ranking, scope.historical)
+    if cfg.ranking != "hybrid":  # the seed's HNSW search, planned for each call's values
+        return await fetch_all(conn, EPISODES_SQL[variant], params)
     async with generic_plans(conn):
-        return await fetch_all(
-            conn, statements[(cfg.ranking, scope.historical)], _params(scope, vector, cfg, plan)
-        )
+        return await fetch_all(conn, HYBRID_EPISODES_SQL[variant], params)
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,8 @@ _GENERIC_PLANS = (
 @asynccontextmanager
 async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
     """A transaction whose prepared statements run their generic plan, made without sequential
-    scans: for the facts (exact or two-phase, as the scope's size chose) and episodes of one
-    scope.
+    scans: for the facts (exact or two-phase, as the scope's size chose) and hybrid episodes of
+    one scope.
 
     PostgreSQL plans a prepared statement for each call's values until the generic plan looks
     no costlier; for the exact facts statement it never did, 2 to 4 ms of planning every call.
