@@ -380,29 +380,22 @@ WITH top AS (
 # (1 - weight) x its own. A reply ("Yes, last Sunday") then rises with the question it answers.
 # Only the best `episode_k` pooled events look for neighbours: a lift is at most the best
 # neighbour's score, so an event next to none of them could not enter the top.
-# The own score of events `e`, like a fact's. The text rank is computed again for these few
-# events rather than joined to the matches `hits` (a join on a CTE is a scan of it).
-_EVENT_OWN = """
+# The own score of events `e`, like a fact's, from the distance and BM25 the scan read.
+_EVENT_OWN = f"""
     SELECT parts.*,
            %(w_similarity)s * similarity + %(w_text_rank)s * text_rank
                + %(w_recency)s * recency AS own_score
     FROM (
         SELECT e.id, e.kind, e.occurred_at, e.text,
-               1 - (e.embedding <=> %(vector)s) AS similarity,
-               {event_text_rank} AS text_rank,
-               {event_recency} AS recency
-        FROM events e {source}, q
+               1 - s.distance AS similarity,
+               least(1.0, coalesce(s.raw, 0.0) / {_TEXT_FULL}) AS text_rank,
+               {_EVENT_RECENCY} AS recency
+        FROM events e JOIN scan s USING (id) {{source}}
         OFFSET 0  -- each part computed once (a flattened subquery would repeat them in the sum)
     ) parts
 """
-_POOLED_OWN = _EVENT_OWN.format(
-    event_text_rank="{event_text_rank}",
-    event_recency=_EVENT_RECENCY,
-    source="JOIN pool USING (id)",
-)
+_POOLED_OWN = _EVENT_OWN.format(source="JOIN pool USING (id)")
 _NEIGHBOURS_OWN = _EVENT_OWN.format(
-    event_text_rank="{event_text_rank}",
-    event_recency=_EVENT_RECENCY,
     source="JOIN (SELECT DISTINCT b AS id FROM links"
     " WHERE b NOT IN (SELECT id FROM pooled)) n USING (id)",
 )
@@ -521,13 +514,11 @@ def _render(template: str) -> dict[tuple[str, bool], Statement]:
                     text_full=text.full,
                     given_text_full=_GIVEN_TEXT_FULL,
                     text_full_value=_TEXT_FULL,
-                    own_of_pool=_POOLED_OWN.format(event_text_rank=_text_rank_of(text, "e")),
+                    own_of_pool=_POOLED_OWN,
                     restates=_RESTATES,
                     restated=_RESTATED,
                     join_restated=_JOIN_RESTATED,
-                    own_of_neighbours=_NEIGHBOURS_OWN.format(
-                        event_text_rank=_text_rank_of(text, "e")
-                    ),
+                    own_of_neighbours=_NEIGHBOURS_OWN,
                     pooled_fact_score=_FACT_SCORE.format(text_rank=pooled_rank),
                 )
             )
