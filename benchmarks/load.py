@@ -1,16 +1,26 @@
 """Load test of AssembleContext and StreamContext: a grpc.aio driver, loopback only.
 
-    .venv/bin/python benchmarks/load.py [--workers 8] [--duration 10] [--facts 500]
+    .venv/bin/python benchmarks/load.py [--workers 1 4 8 16] [--duration 10] [--facts 500]
     .venv/bin/python benchmarks/load.py --target 127.0.0.1:50051 --requests 2000
     .venv/bin/python benchmarks/load.py --target 127.0.0.1:50051 --seed-only --project load
 
 Without --target it starts `satchel serve` in a subprocess on a scratch embedded database (a
 temporary SATCHEL_DATA_DIR) and stops it afterwards. It seeds one project (facts spread over
-a few subjects, a few episodes each), warms up, then runs each method in turn with N concurrent
-workers on one channel for a fixed duration (or request count), and prints requests/s,
-p50/p95/p99 latency (StreamContext: to the packet, and to the first decision) and errors by
-code. Bounded: at most 64 workers, 300 s and 100 000 requests per method. `--seed-only` loads
-the data ghz (benchmarks/ghz.json) expects, then exits.
+`--subjects` subjects, a few episodes each), warms up, then runs each method in turn with N
+concurrent workers on one channel for a fixed duration (or request count), for each N of
+`--workers`, and prints requests/s, p50/p95/p99 latency (StreamContext: to the packet, and to
+the first decision) and errors by code. The driver is one process of its own, not pinned.
+
+Beside them, in the same run, the query embedding alone (unless `--no-baseline`): one process
+per core, each embedding the same queries one at a time with the server's model settings (one
+ONNX thread), for the same duration. Then the ratios: CPU per call (the server's and all its
+PostgreSQL processes', from /proc) over the CPU of one embedding, throughput over the
+embedding-only throughput, StreamContext over AssembleContext, and the single call's p50 (one
+worker) over one embedding's. CPU is counted when the script started the server, or with
+`--server-pid` and `--pgdata` for a running one.
+
+Bounded: at most 64 workers, 300 s and 100 000 requests per method. `--seed-only` loads the
+data ghz (benchmarks/ghz.json) expects, then exits.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import asyncio
 import ipaddress
 import json
 import math
+import multiprocessing
 import os
 import random
 import signal
@@ -43,7 +54,7 @@ from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grp
 MAX_WORKERS = 64
 MAX_SECONDS = 300.0
 MAX_REQUESTS = 100_000
-SUBJECTS = 5
+MAX_FACTS = 200_000
 
 NAMES = ["Caroline", "Melanie", "Jordan", "Priya", "Tomas", "Aiko", "Lucas", "Amara"]
 CITIES = ["Lisbon", "Porto", "Berlin", "Osaka", "Lima", "Oslo", "Quito", "Accra"]
@@ -123,25 +134,33 @@ def _value(data: Any) -> struct_pb2.Value:
     return json_format.ParseDict(data, struct_pb2.Value())
 
 
-async def seed(channel: grpc.aio.Channel, project: str, facts: int, rng: random.Random) -> None:
-    """Facts spread over SUBJECTS subjects (user-0…), and three episodes per subject."""
+def queries() -> list[str]:
+    """Every question the driver and the embedding baseline ask."""
+    return [q.format(name=name) for q in QUERIES for name in NAMES]
+
+
+async def seed(
+    channel: grpc.aio.Channel, project: str, facts: int, subjects: int, rng: random.Random
+) -> None:
+    """Facts spread over `subjects` subjects (user-0…), and three episodes per subject."""
     stub = memory_pb2_grpc.MemoryServiceStub(channel)
-    requests = []
+    batch: list[memory_pb2.AssertFactRequest] = []
     for i in range(facts):
         name, city = NAMES[i % len(NAMES)], rng.choice(CITIES)
         statement = TEMPLATES[(i // len(NAMES)) % len(TEMPLATES)].format(name=name, city=city)
-        requests.append(
+        batch.append(
             memory_pb2.AssertFactRequest(
                 project_id=project,
-                subject_id=f"user-{i % SUBJECTS}",
+                subject_id=f"user-{i % subjects}",
                 predicate=f"note_{i}",
                 value=_value(statement),
                 statement=f"{statement} (note {i})",
             )
         )
-    for start in range(0, len(requests), 100):
-        batch = memory_pb2.BatchAssertFactsRequest(requests=requests[start : start + 100])
-        await stub.BatchAssertFacts(batch, timeout=120)
+        if len(batch) == 100 or i == facts - 1:
+            request = memory_pb2.BatchAssertFactsRequest(requests=batch)
+            await stub.BatchAssertFacts(request, timeout=120)
+            batch = []
     events = [
         memory_pb2.RecordEventRequest(
             project_id=project,
@@ -155,16 +174,19 @@ async def seed(channel: grpc.aio.Channel, project: str, facts: int, rng: random.
                 struct_pb2.Struct(),
             ),
         )
-        for s in range(SUBJECTS)
+        for s in range(subjects)
         for k in range(3)
     ]
-    await stub.BatchRecordEvents(memory_pb2.BatchRecordEventsRequest(requests=events), timeout=120)
+    for start in range(0, len(events), 100):
+        request = memory_pb2.BatchRecordEventsRequest(requests=events[start : start + 100])
+        await stub.BatchRecordEvents(request, timeout=120)
 
 
 async def run_method(
     channel: grpc.aio.Channel,
     method: str,
     project: str,
+    subjects: int,
     workers: int,
     seconds: float,
     requests: int | None,
@@ -184,7 +206,7 @@ async def run_method(
         name = rng.choice(NAMES)
         return {
             "project_id": project,
-            "subject_id": f"user-{rng.randrange(SUBJECTS)}",
+            "subject_id": f"user-{rng.randrange(subjects)}",
             "query": rng.choice(QUERIES).format(name=name),
         }
 
@@ -214,6 +236,146 @@ async def run_method(
     await asyncio.gather(*(worker() for _ in range(workers)))
     result.seconds = time.perf_counter() - started
     return result
+
+
+# --- CPU from /proc ---------------------------------------------------------------------------
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def postgres_pids(pgdata: Path) -> list[int]:
+    """The postmaster of `pgdata` (first line of postmaster.pid) and its live children."""
+    try:
+        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (FileNotFoundError, IndexError, ValueError):
+        return []
+    children = []
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) == postmaster:  # fields[1]: the parent's pid
+            children.append(int(entry))
+    return [postmaster, *children]
+
+
+@dataclass(frozen=True)
+class CpuMeter:
+    """CPU seconds used by the server process and by every process of its PostgreSQL."""
+
+    server_pid: int | None
+    pgdata: Path | None
+
+    def read(self) -> dict[str, float]:
+        server = self._seconds([self.server_pid] if self.server_pid else [], children=False)
+        pids = postgres_pids(self.pgdata) if self.pgdata else []
+        # the postmaster's reaped children count in its cutime/cstime
+        postgres = self._seconds(pids[:1], children=True) + self._seconds(pids[1:], children=False)
+        return {"server": server, "postgres": postgres}
+
+    @staticmethod
+    def _seconds(pids: list[int], *, children: bool) -> float:
+        total = 0
+        for pid in pids:
+            if (fields := _stat(pid)) is not None:
+                # utime, stime (and cutime, cstime) are fields 14-17 of /proc/PID/stat
+                total += int(fields[11]) + int(fields[12])
+                if children:
+                    total += int(fields[13]) + int(fields[14])
+        return total / TICKS
+
+
+# --- the query embedding alone ----------------------------------------------------------------
+
+
+def _embed_alone(seconds: float, texts: list[str], results: Any) -> None:
+    """In a process of its own: embed `texts` one at a time, in turn, for `seconds`."""
+    from satchel.server.config import Settings
+    from satchel.server.embedding import load_embedder
+
+    embedder = load_embedder(Settings.from_env())
+    prefixed = [embedder.query_prefix + t for t in texts]
+    for text in prefixed[:20]:  # warm-up
+        embedder.embed([text])
+    latencies = []
+    cpu_started, started = time.process_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        began = time.perf_counter()
+        embedder.embed([prefixed[len(latencies) % len(prefixed)]])
+        latencies.append(time.perf_counter() - began)
+    results.put(
+        {
+            "queries": len(latencies),
+            "seconds": time.perf_counter() - started,
+            "cpu_seconds": time.process_time() - cpu_started,
+            "latencies": latencies,
+        }
+    )
+
+
+def embedding_baseline(seconds: float, processes: int) -> dict[str, Any]:
+    """Queries/s of `processes` single-thread embedders side by side, their CPU per query,
+    and one embedder's latency when it runs alone."""
+    spawn = multiprocessing.get_context("spawn")
+
+    def run(count: int) -> list[dict[str, Any]]:
+        results = spawn.Queue()
+        workers = [
+            spawn.Process(target=_embed_alone, args=(seconds, queries(), results))
+            for _ in range(count)
+        ]
+        for worker in workers:
+            worker.start()
+        reports = [results.get(timeout=seconds + 300) for _ in workers]
+        for worker in workers:
+            worker.join()
+        return reports
+
+    alone = run(1)[0]
+    together = run(processes)
+    done = sum(r["queries"] for r in together)
+    return {
+        "processes": processes,
+        "queries_per_second": round(sum(r["queries"] / r["seconds"] for r in together), 1),
+        "cpu_ms_per_query": round(1000 * sum(r["cpu_seconds"] for r in together) / done, 2),
+        "alone_ms": {
+            f"p{q}": round(percentile(alone["latencies"], q) * 1000, 2) for q in (50, 95, 99)
+        },
+    }
+
+
+def ratios(summaries: list[dict[str, Any]], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """What issue 15 asks of each run, as ratios to the embedding alone."""
+    found: dict[str, Any] = {}
+    by_key = {(s["method"], s["workers"]): s for s in summaries}
+    for (method, workers), s in by_key.items():
+        key = f"{method}@{workers}"
+        row: dict[str, Any] = {}
+        if lat := s.get("latency_ms"):
+            row["p99_over_p50"] = round(lat["p99"] / lat["p50"], 2)
+        if baseline:
+            row["throughput_over_embedding"] = round(
+                s["requests_per_second"] / baseline["queries_per_second"], 2
+            )
+            if "cpu_ms_per_call" in s:
+                row["cpu_over_embedding"] = round(
+                    s["cpu_ms_per_call"]["total"] / baseline["cpu_ms_per_query"], 2
+                )
+            if workers == 1 and lat:
+                row["p50_over_embedding"] = round(lat["p50"] / baseline["alone_ms"]["p50"], 2)
+        unary = by_key.get(("AssembleContext", workers))
+        if method == "StreamContext" and unary and unary["requests_per_second"]:
+            row["throughput_over_assemble"] = round(
+                s["requests_per_second"] / unary["requests_per_second"], 2
+            )
+        found[key] = row
+    return found
 
 
 def free_port() -> int:
@@ -263,29 +425,41 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def print_table(summaries: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def print_table(report: dict[str, Any]) -> None:
     print(
-        f"target {meta['target']}  workers {meta['workers']}  facts {meta['facts']}"
-        f" ({SUBJECTS} subjects)  cpus {os.cpu_count()}"
+        f"target {report['target']}  facts {report['facts']} ({report['subjects']} subjects)"
+        f"  cpus {report['cpus']}  driver: one process, not pinned"
     )
     print(
-        f"{'method':<16}{'requests':>9}{'errors':>8}{'req/s':>8}"
-        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+        f"{'method':<16}{'workers':>8}{'requests':>9}{'errors':>8}{'req/s':>8}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'cpu ms/call':>13}"
     )
-    for s in summaries:
+    for s in report["results"]:
         rows = [(s["method"], s.get("latency_ms"))]
         if "first_decision_ms" in s:
             rows.append(("  first decision", s["first_decision_ms"]))
         for i, (label, lat) in enumerate(rows):
             lat = lat or {"p50": 0, "p95": 0, "p99": 0}
+            cpu = s.get("cpu_ms_per_call", {}).get("total", "")
             head = (
-                f"{s['requests']:>9}{sum(s['errors'].values()):>8}{s['requests_per_second']:>8}"
+                f"{s['workers']:>8}{s['requests']:>9}{sum(s['errors'].values()):>8}"
+                f"{s['requests_per_second']:>8}"
                 if i == 0
-                else " " * 25
+                else " " * 33
             )
-            print(f"{label:<16}{head}{lat['p50']:>9}{lat['p95']:>9}{lat['p99']:>9}")
+            tail = f"{cpu:>13}" if i == 0 else ""
+            print(f"{label:<16}{head}{lat['p50']:>9}{lat['p95']:>9}{lat['p99']:>9}{tail}")
         if s["errors"]:
             print(f"{'':<16}errors by code: {s['errors']}")
+    if baseline := report.get("embedding_alone"):
+        print(
+            f"embedding alone: {baseline['queries_per_second']} queries/s"
+            f" ({baseline['processes']} single-thread processes),"
+            f" {baseline['cpu_ms_per_query']} ms CPU a query,"
+            f" p50 {baseline['alone_ms']['p50']} ms when alone"
+        )
+    for key, row in report.get("ratios", {}).items():
+        print(f"  {key:<22} " + "  ".join(f"{k} {v}" for k, v in row.items()))
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -293,44 +467,72 @@ async def main(args: argparse.Namespace) -> int:
     process = None
     scratch = None
     target = args.target
+    meter = CpuMeter(args.server_pid, args.pgdata)
     if target is None:
         scratch = tempfile.TemporaryDirectory(prefix="satchel-load-", dir="/var/tmp")
         process, target = start_server(Path(scratch.name))
+        meter = CpuMeter(process.pid, Path(scratch.name) / "pg")
     elif not is_loopback(target):
         print(f"load.py drives loopback servers only, not {target}", file=sys.stderr)
         return 2
     project = args.project or f"load-{uuid.uuid4().hex[:8]}"
+    summaries = []
+    baseline = None
     try:
         async with grpc.aio.insecure_channel(target) as channel:
             await wait_serving(channel, 180)
-            await seed(channel, project, args.facts, rng)
+            await seed(channel, project, args.facts, args.subjects, rng)
             if args.seed_only:
                 print(
                     f"seeded project {project}: {args.facts} facts,"
-                    f" subjects user-0…user-{SUBJECTS - 1}"
+                    f" subjects user-0…user-{args.subjects - 1}"
                 )
                 return 0
-            summaries = []
-            for method in args.methods:
-                await run_method(channel, method, project, args.workers, args.warmup, None, rng)
-                result = await run_method(
-                    channel, method, project, args.workers, args.duration, args.requests, rng
-                )
-                summaries.append(result.summary())
+            for workers in args.workers:
+                for method in args.methods:
+                    await run_method(
+                        channel, method, project, args.subjects, workers, args.warmup, None, rng
+                    )
+                    before = meter.read()
+                    result = await run_method(
+                        channel,
+                        method,
+                        project,
+                        args.subjects,
+                        workers,
+                        args.duration,
+                        args.requests,
+                        rng,
+                    )
+                    after = meter.read()
+                    summary = {"workers": workers, **result.summary()}
+                    if meter.server_pid and summary["ok"]:
+                        used = {k: 1000 * (after[k] - before[k]) / summary["ok"] for k in after}
+                        used["total"] = used["server"] + used["postgres"]
+                        summary["cpu_ms_per_call"] = {k: round(v, 2) for k, v in used.items()}
+                    summaries.append(summary)
+        if not args.no_baseline:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+            baseline = await asyncio.to_thread(embedding_baseline, args.duration, cores)
     finally:
         if process is not None:
             stop_server(process)
         if scratch is not None:
             scratch.cleanup()
-    meta = {
+    report: dict[str, Any] = {
         "target": args.target or "embedded (subprocess)",
-        "workers": args.workers,
         "facts": args.facts,
+        "subjects": args.subjects,
+        "cpus": os.cpu_count(),
+        "results": summaries,
     }
+    if baseline is not None:
+        report["embedding_alone"] = baseline
+    report["ratios"] = ratios(summaries, baseline)
     if args.json:
-        print(json.dumps({**meta, "cpus": os.cpu_count(), "results": summaries}, indent=2))
+        print(json.dumps(report, indent=2))
     else:
-        print_table(summaries, meta)
+        print_table(report)
     return 0
 
 
@@ -339,7 +541,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--target", help="host:port of a running server (loopback only)")
-    parser.add_argument("--workers", type=int, default=8, help="concurrent callers (max 64)")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[8], help="concurrent callers, each (max 64)"
+    )
     parser.add_argument(
         "--duration",
         type=float,
@@ -347,7 +551,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, help="stop each method after this many calls")
     parser.add_argument("--warmup", type=float, default=2.0, help="unrecorded seconds per method")
-    parser.add_argument("--facts", type=int, default=500, help="facts to seed (max 20000)")
+    parser.add_argument("--facts", type=int, default=500, help=f"facts to seed (max {MAX_FACTS:,})")
+    parser.add_argument("--subjects", type=int, default=5, help="scopes the facts spread over")
     parser.add_argument(
         "--methods",
         nargs="+",
@@ -358,17 +563,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed-only", action="store_true", help="seed the project, then exit")
     parser.add_argument("--seed", type=int, default=7, help="random seed")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the embedding-alone measurement"
+    )
+    parser.add_argument("--server-pid", type=int, help="with --target: the server's pid (CPU)")
+    parser.add_argument(
+        "--pgdata", type=Path, help="with --target: its PostgreSQL data directory (CPU)"
+    )
     args = parser.parse_args(argv)
     if args.duration is None:
         args.duration = MAX_SECONDS if args.requests is not None else 10.0
-    if not 1 <= args.workers <= MAX_WORKERS:
+    if not all(1 <= w <= MAX_WORKERS for w in args.workers):
         parser.error(f"--workers must be in 1..{MAX_WORKERS}")
     if not 0 < args.duration <= MAX_SECONDS or not 0 <= args.warmup <= MAX_SECONDS:
         parser.error(f"--duration and --warmup must be at most {MAX_SECONDS:.0f} s")
     if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:
         parser.error(f"--requests must be in 1..{MAX_REQUESTS}")
-    if not 1 <= args.facts <= 20_000:
-        parser.error("--facts must be in 1..20000")
+    if not 1 <= args.facts <= MAX_FACTS:
+        parser.error(f"--facts must be in 1..{MAX_FACTS}")
+    if not 1 <= args.subjects <= min(args.facts, 1000):
+        parser.error("--subjects must be in 1..min(facts, 1000)")
     return args
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,23 +24,47 @@ def _load(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_load_driver_reports_rates_and_percentiles(address: str) -> None:
+async def test_load_driver_reports_rates_percentiles_and_ratios(
+    address: str, test_root: Path
+) -> None:
+    cpu: list[
+        str
+    ] = []  # the embedded database's processes are ours to count; an external one's are not
+    if not os.environ.get("SATCHEL_TEST_DATABASE_URL"):
+        pgdata = test_root / "pg"
+        assert (pgdata / "postmaster.pid").exists()
+        cpu = ["--server-pid", str(os.getpid()), "--pgdata", str(pgdata)]
     result = await asyncio.to_thread(
         _load,
-        *("--target", address, "--workers", "2", "--duration", "1.5", "--warmup", "0"),
-        *("--facts", "40", "--json"),
+        *("--target", address, "--workers", "1", "2", "--duration", "1.5", "--warmup", "0"),
+        *("--facts", "40", "--subjects", "2", "--json", *cpu),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    by_method = {r["method"]: r for r in report["results"]}
-    assert set(by_method) == {"AssembleContext", "StreamContext"}
-    for method, figures in by_method.items():
-        assert figures["ok"] > 0 and figures["errors"] == {}, method
+    runs = {(r["method"], r["workers"]): r for r in report["results"]}
+    assert set(runs) == {(m, w) for m in ("AssembleContext", "StreamContext") for w in (1, 2)}
+    for key, figures in runs.items():
+        assert figures["ok"] > 0 and figures["errors"] == {}, key
         assert figures["requests_per_second"] > 0
         latency = figures["latency_ms"]
         assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
-    first = by_method["StreamContext"]["first_decision_ms"]
-    assert first["p50"] <= by_method["StreamContext"]["latency_ms"]["p50"]
+        if cpu:  # the server (this process) and its PostgreSQL both worked for the calls
+            used = figures["cpu_ms_per_call"]
+            assert used["server"] > 0 and used["postgres"] > 0
+            assert used["total"] == pytest.approx(used["server"] + used["postgres"], abs=0.02)
+    first = runs[("StreamContext", 1)]["first_decision_ms"]
+    assert first["p50"] <= runs[("StreamContext", 1)]["latency_ms"]["p50"]
+    alone = report["embedding_alone"]
+    assert alone["processes"] >= 1 and alone["queries_per_second"] > 0
+    assert alone["cpu_ms_per_query"] > 0 and alone["alone_ms"]["p50"] > 0
+    ratios = report["ratios"]
+    unary_one = ratios["AssembleContext@1"]
+    assert unary_one["p50_over_embedding"] == pytest.approx(
+        runs[("AssembleContext", 1)]["latency_ms"]["p50"] / alone["alone_ms"]["p50"], abs=0.01
+    )
+    assert "throughput_over_assemble" in ratios["StreamContext@2"]
+    if cpu:
+        assert unary_one["cpu_over_embedding"] > 0
 
 
 async def test_load_driver_stays_on_loopback_and_bounded() -> None:
