@@ -191,8 +191,10 @@ async def run_method(
     seconds: float,
     requests: int | None,
     rng: random.Random,
+    stream_batch: int = 0,
 ) -> Result:
-    """`workers` concurrent loops calling `method` until the time or the request count is up."""
+    """`workers` concurrent loops calling `method` until the time or the request count is up
+    (StreamContext: with `stream_batch` as its max_decisions_per_message)."""
     stub = context_pb2_grpc.ContextServiceStub(channel)
     result = Result(method)
     deadline = time.perf_counter() + seconds
@@ -220,10 +222,11 @@ async def run_method(
                     )
                 else:
                     first = None
-                    async for message in stub.StreamContext(
-                        context_pb2.StreamContextRequest(**fields), timeout=30
-                    ):
-                        if first is None and message.HasField("decision"):
+                    request = context_pb2.StreamContextRequest(
+                        **fields, max_decisions_per_message=stream_batch
+                    )
+                    async for message in stub.StreamContext(request, timeout=30):
+                        if first is None and message.WhichOneof("event") != "packet":
                             first = time.perf_counter() - started
                     if first is not None:
                         result.first_decision.append(first)
@@ -428,7 +431,8 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
 def print_table(report: dict[str, Any]) -> None:
     print(
         f"target {report['target']}  facts {report['facts']} ({report['subjects']} subjects)"
-        f"  cpus {report['cpus']}  driver: one process, not pinned"
+        f"  stream batch {report['stream_batch']}  cpus {report['cpus']}"
+        "  driver: one process, not pinned"
     )
     print(
         f"{'method':<16}{'workers':>8}{'requests':>9}{'errors':>8}{'req/s':>8}"
@@ -491,7 +495,15 @@ async def main(args: argparse.Namespace) -> int:
             for workers in args.workers:
                 for method in args.methods:
                     await run_method(
-                        channel, method, project, args.subjects, workers, args.warmup, None, rng
+                        channel,
+                        method,
+                        project,
+                        args.subjects,
+                        workers,
+                        args.warmup,
+                        None,
+                        rng,
+                        args.stream_batch,
                     )
                     before = meter.read()
                     result = await run_method(
@@ -503,6 +515,7 @@ async def main(args: argparse.Namespace) -> int:
                         args.duration,
                         args.requests,
                         rng,
+                        args.stream_batch,
                     )
                     after = meter.read()
                     summary = {"workers": workers, **result.summary()}
@@ -523,6 +536,7 @@ async def main(args: argparse.Namespace) -> int:
         "target": args.target or "embedded (subprocess)",
         "facts": args.facts,
         "subjects": args.subjects,
+        "stream_batch": args.stream_batch,
         "cpus": os.cpu_count(),
         "results": summaries,
     }
@@ -559,6 +573,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=["AssembleContext", "StreamContext"],
         choices=["AssembleContext", "StreamContext"],
     )
+    parser.add_argument(
+        "--stream-batch",
+        type=int,
+        default=0,
+        help="StreamContext's max_decisions_per_message (0: one decision a message)",
+    )
     parser.add_argument("--project", help="project to seed and query (default: a new one)")
     parser.add_argument("--seed-only", action="store_true", help="seed the project, then exit")
     parser.add_argument("--seed", type=int, default=7, help="random seed")
@@ -581,6 +601,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--requests must be in 1..{MAX_REQUESTS}")
     if not 1 <= args.facts <= MAX_FACTS:
         parser.error(f"--facts must be in 1..{MAX_FACTS}")
+    if not 0 <= args.stream_batch <= 256:
+        parser.error("--stream-batch must be in 0..256")
     if not 1 <= args.subjects <= min(args.facts, 1000):
         parser.error("--subjects must be in 1..min(facts, 1000)")
     return args

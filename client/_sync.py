@@ -190,9 +190,11 @@ class SatchelClient:
         budget_tokens: int | None = None,
         as_of: datetime | None = None,
         max_distance: float | None = None,
+        max_decisions_per_message: int = 0,
         timeout: float | None = None,
     ) -> Stream[context_pb2.StreamContextResponse]:
-        """One message per decision as the budget is packed, then the packet (last)."""
+        """The decisions as the budget is packed, then the packet (last): one decision a
+        message, or with `max_decisions_per_message` above 1, batches in `decisions`."""
         request = rq.stream_context(
             project_id,
             subject_id,
@@ -200,6 +202,7 @@ class SatchelClient:
             budget_tokens=budget_tokens,
             as_of=as_of,
             max_distance=max_distance,
+            max_decisions_per_message=max_decisions_per_message,
         )
         call = self._context.StreamContext(
             request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata

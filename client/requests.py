@@ -98,8 +98,10 @@ def stream_context(
     budget_tokens: int | None = None,
     as_of: datetime | None = None,
     max_distance: float | None = None,
+    max_decisions_per_message: int = 0,
 ) -> context_pb2.StreamContextRequest:
-    """A StreamContextRequest (same fields as AssembleContext)."""
+    """A StreamContextRequest (AssembleContext's fields; `max_decisions_per_message` above 1
+    has the decisions sent in batches, in `decisions`)."""
     return context_pb2.StreamContextRequest(
         project_id=project_id,
         subject_id=subject_id,
@@ -107,6 +109,7 @@ def stream_context(
         budget_tokens=budget_tokens,
         as_of=timestamp(as_of),
         max_distance=max_distance,
+        max_decisions_per_message=max_decisions_per_message,
     )
 
 

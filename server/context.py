@@ -1,7 +1,10 @@
 """Context assembly: one routine that yields every decision as it is made, then the packet.
 
 `assemble` is the only path: StreamContext forwards each item as it comes, AssembleContext
-collects them. Order of work: embed the query (while the searched terms are looked up); fetch
+collects them. After each packing pass it yields `PASS_END`: what was decided so far can be
+sent together, the next decisions wait for the database.
+
+Order of work: embed the query (while the searched terms are looked up); fetch
 scored fact candidates (two-phase) and episodes; pack (hybrid ranking: facts and episodes in
 one list; seed: the facts); if budget remains, one multi-hop pass over entities of the retained
 facts (full-text only, never gated); seed only: the episodes into what remains; persist the
@@ -90,6 +93,14 @@ class Packet:
     empty_reason: str
     budget_tokens: int
     tokens_used: int
+
+
+@dataclass(frozen=True)
+class PassEnd:
+    """The end of a packing pass (the decisions before it are all there is until the next)."""
+
+
+PASS_END = PassEnd()
 
 
 @dataclass
@@ -201,8 +212,9 @@ def _trace_row(decision: Decision) -> tuple[Any, ...]:
 
 async def assemble(
     runtime: Runtime, request: ContextRequest, trace_id: uuid.UUID | None = None
-) -> AsyncIterator[Decision | Packet]:
-    """Yield each packing decision as it is made, then the persisted call's Packet."""
+) -> AsyncIterator[Decision | PassEnd | Packet]:
+    """Yield each packing decision as it is made (`PASS_END` after each pass), then the
+    persisted call's Packet."""
     cfg = runtime.settings.context
     trace_id = trace_id or uuid.uuid4()
     timer = _Timer()
@@ -253,6 +265,7 @@ async def assemble(
         if not hybrid:  # the facts are packed first: their multi-hop pass runs with the episodes
             for decision in packer.pack(fact_candidates, skip_served=skip):
                 yield decision
+            yield PASS_END
             mark = timer.add("pack", mark)
             hop_entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
         else:  # the pass a packing of the facts alone would need, run while episodes load
@@ -268,6 +281,7 @@ async def assemble(
         if hybrid:
             for decision in packer.pack(fact_candidates + episode_candidates, skip_served=skip):
                 yield decision
+            yield PASS_END
             mark = timer.add("pack", mark)
             entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
             if entities != hop_entities:  # the guess missed: the pass the packing needs
@@ -284,6 +298,7 @@ async def assemble(
             )
             for decision in hop_pass:
                 yield decision
+            yield PASS_END
             mark = timer.add("pack", mark)
         await asyncio.gather(*unused, return_exceptions=True)
     finally:
@@ -294,6 +309,7 @@ async def assemble(
     if not hybrid:
         for decision in packer.pack(episode_candidates, skip_served=skip):
             yield decision
+        yield PASS_END
         timer.add("pack", mark)
 
     status, warnings = packet_status(packer.hidden_counts)

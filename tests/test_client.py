@@ -134,12 +134,26 @@ async def test_async_client_memory_context_and_talents(address: str, project_id:
         assert [d.candidate_id for d in trace.decisions] == [
             m.decision.candidate_id for m in messages[:-1]
         ]
+        batched = [
+            m
+            async for m in client.stream_context(
+                project_id,
+                SUBJECT,
+                "Where does Ana live?",
+                budget_tokens=50,
+                max_decisions_per_message=2,
+            )
+        ]
+        assert all(m.HasField("decisions") for m in batched[:-1])
+        assert [d.candidate_id for m in batched[:-1] for d in m.decisions.decisions] == [
+            m.decision.candidate_id for m in messages[:-1]
+        ]
         resolved = await client.resolve_conflict(project_id, conflict.id, nurse.id)
         assert resolved.conflict.winning_fact_id == nurse.id
         superseded = await client.supersede_fact(project_id, nurse.id, oslo.id)
         assert superseded.fact.superseded_by == oslo.id
         stats = await client.get_stats_overview(project_id)
-        assert stats.context_calls == 2 and stats.injection_rate == 1.0
+        assert stats.context_calls == 3 and stats.injection_rate == 1.0
 
         # talents
         talent_id = f"{project_id}.docker"

@@ -290,6 +290,43 @@ async def test_stream_sends_decisions_then_the_packet_equal_to_unary_and_trace(
     ]
 
 
+async def test_stream_sends_decisions_in_batches_when_asked(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """max_decisions_per_message > 1: the first decision alone, then batches of at most that
+    many; the same decisions in the same order as one a message, and as GetTrace returns."""
+    await assert_facts(channel, project_id, CAROLINE)
+    for text in ("Lisbon is lovely", "Night shifts again, the ward was busy"):
+        await memory_stub(channel).RecordEvent(
+            event_request(project_id, payload={"speaker": "Caroline", "text": text})
+        )
+    query = "What does Caroline do for work?"
+    one_by_one = await stream(channel, project_id, query)
+    batched = await stream(channel, project_id, query, max_decisions_per_message=3)
+
+    kinds = [m.WhichOneof("event") for m in batched]
+    assert kinds[-1] == "packet" and set(kinds[:-1]) == {"decisions"}
+    batches = [list(m.decisions.decisions) for m in batched[:-1]]
+    assert len(batches[0]) == 1 and all(1 <= len(b) <= 3 for b in batches)
+    flat = [d for b in batches for d in b]
+    singles = [m.decision for m in one_by_one[:-1]]
+    assert len(singles) >= 8 and len(batched) < len(one_by_one)
+
+    def key(d: pb.Decision) -> tuple:
+        return (d.sequence, d.candidate_id, d.outcome, d.reason_code)
+
+    assert [key(d) for d in flat] == [key(d) for d in singles]
+    trace = await trace_of(channel, project_id, batched[0].trace_id)
+    assert list(trace.decisions) == flat
+    assert [f.id for f in batched[-1].packet.facts] == [f.id for f in one_by_one[-1].packet.facts]
+
+    code, violations, _ = await expect_error(
+        stream(channel, project_id, query, max_decisions_per_message=257)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert [f for f, _ in violations] == ["max_decisions_per_message"]
+
+
 async def test_episodes_fill_the_remaining_budget_after_facts(
     seed_channel: grpc.aio.Channel, project_id: str
 ) -> None:

@@ -183,30 +183,40 @@ class AssembleContextResponse(_message.Message):
     def __init__(self, packet: _Optional[_Union[ContextPacket, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class StreamContextRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance")
+    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance", "max_decisions_per_message")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DECISIONS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     query: str
     budget_tokens: int
     as_of: _timestamp_pb2.Timestamp
     max_distance: float
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ...) -> None: ...
+    max_decisions_per_message: int
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ..., max_decisions_per_message: _Optional[int] = ...) -> None: ...
+
+class DecisionBatch(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class StreamContextResponse(_message.Message):
-    __slots__ = ("trace_id", "decision", "packet")
+    __slots__ = ("trace_id", "decision", "packet", "decisions")
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     PACKET_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
     trace_id: str
     decision: Decision
     packet: ContextPacket
-    def __init__(self, trace_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., packet: _Optional[_Union[ContextPacket, _Mapping]] = ...) -> None: ...
+    decisions: DecisionBatch
+    def __init__(self, trace_id: _Optional[str] = ..., decision: _Optional[_Union[Decision, _Mapping]] = ..., packet: _Optional[_Union[ContextPacket, _Mapping]] = ..., decisions: _Optional[_Union[DecisionBatch, _Mapping]] = ...) -> None: ...
 
 class GetTraceRequest(_message.Message):
     __slots__ = ("project_id", "trace_id")

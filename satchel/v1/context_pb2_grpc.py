@@ -76,7 +76,8 @@ class ContextServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamContext(self, request, context):
-        """StreamContext sends one message per decision as the budget is packed, then the packet last.
+        """StreamContext sends the decisions as the budget is packed (one a message, or in batches when
+        asked), then the packet last.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

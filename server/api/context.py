@@ -19,7 +19,7 @@ from satchel.server.api.validation import (
     parse_uuid,
 )
 from satchel.server.config import recall_floor
-from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, assemble
+from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, PassEnd, assemble
 from satchel.server.domain import packing
 from satchel.server.errors import InvalidArgument, NotFound, Unavailable, Violations
 from satchel.server.runtime import RuntimeRef
@@ -37,6 +37,8 @@ STATUSES = {
     packing.STATUS_OK: pb.PACKET_STATUS_OK,
     packing.STATUS_DEGRADED: pb.PACKET_STATUS_DEGRADED,
 }
+# StreamContextRequest.max_decisions_per_message's limit.
+MAX_DECISIONS_PER_MESSAGE = 256
 
 
 def decision_message(d: packing.Decision) -> pb.Decision:
@@ -90,6 +92,33 @@ def packet_message(packet: Packet) -> pb.ContextPacket:
     )
 
 
+async def stream_messages(
+    items: AsyncIterator[packing.Decision | PassEnd | Packet], trace_id: str, per_message: int
+) -> AsyncIterator[pb.StreamContextResponse]:
+    """StreamContext's messages: each decision alone (`per_message` 0 or 1), or the first alone
+    then batches of at most `per_message`, each sent when full or when its pass ends."""
+    batch: list[pb.Decision] = []
+    first = True
+    async for item in items:
+        if isinstance(item, packing.Decision):
+            if per_message <= 1:
+                yield pb.StreamContextResponse(trace_id=trace_id, decision=decision_message(item))
+                continue
+            batch.append(decision_message(item))
+            if not first and len(batch) < per_message:
+                continue
+            first = False
+        elif not batch and isinstance(item, PassEnd):
+            continue
+        if batch:  # full, the first decision, its pass ended, or the packet comes
+            yield pb.StreamContextResponse(
+                trace_id=trace_id, decisions=pb.DecisionBatch(decisions=batch)
+            )
+            batch = []
+        if isinstance(item, Packet):
+            yield pb.StreamContextResponse(trace_id=trace_id, packet=packet_message(item))
+
+
 class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     """Thin adapter over `satchel.server.context.assemble` and the trace store."""
 
@@ -114,6 +143,13 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
                 violations.add("max_distance", "must be a cosine distance in [0, 2] (0: off)")
         else:
             max_distance = recall_floor(settings, runtime.embedder.model_id)
+        if (
+            isinstance(request, pb.StreamContextRequest)
+            and request.max_decisions_per_message > MAX_DECISIONS_PER_MESSAGE
+        ):
+            violations.add(
+                "max_decisions_per_message", f"must be at most {MAX_DECISIONS_PER_MESSAGE}"
+            )
         violations.raise_if_any()
         budget = (
             request.budget_tokens
@@ -153,13 +189,11 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         call = self._request(request)
         trace_id = uuid.uuid4()
         structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
-        async for item in assemble(self._runtime(), call, trace_id):
-            if isinstance(item, Packet):
-                yield pb.StreamContextResponse(trace_id=str(trace_id), packet=packet_message(item))
-            else:
-                yield pb.StreamContextResponse(
-                    trace_id=str(trace_id), decision=decision_message(item)
-                )
+        items = assemble(self._runtime(), call, trace_id)
+        async for message in stream_messages(
+            items, str(trace_id), request.max_decisions_per_message
+        ):
+            yield message
 
     async def GetTrace(
         self, request: pb.GetTraceRequest, context: grpc.aio.ServicerContext
