@@ -85,7 +85,7 @@ async def _assemble(ranking: str, budget: int) -> tuple[list[Any], Packet]:
     items = [item async for item in assembly.assemble(runtime, request)]
     packet = items[-1]
     assert isinstance(packet, Packet)
-    return items[:-1], packet
+    return [item for item in items[:-1] if not isinstance(item, assembly.PassEnd)], packet
 
 
 def _hop_ids(decisions: list[Any]) -> list[str]:

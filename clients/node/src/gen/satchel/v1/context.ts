@@ -278,16 +278,36 @@ export interface StreamContextRequest {
     | Date
     | undefined;
   /** As in AssembleContextRequest. */
-  maxDistance?: number | undefined;
+  maxDistance?:
+    | number
+    | undefined;
+  /**
+   * The most decisions one message may carry, in `decisions`: 0 or 1 (the default) sends
+   * each decision in a message of its own, in `decision`. Above 1, the first decision is sent
+   * alone as soon as it is made, then the decisions of each packing pass together, in
+   * messages of at most this many, each sent when it is full or its pass ends: fewer
+   * messages for the same decisions, in the same order. At most 256 (else INVALID_ARGUMENT).
+   */
+  maxDecisionsPerMessage: number;
+}
+
+/** DecisionBatch is consecutive decisions of one call, in decision order. */
+export interface DecisionBatch {
+  decisions: Decision[];
 }
 
 export interface StreamContextResponse {
   traceId: string;
+  /** One decision (when max_decisions_per_message is 0 or 1). */
   decision?:
     | Decision
     | undefined;
   /** Always the last message. */
-  packet?: ContextPacket | undefined;
+  packet?:
+    | ContextPacket
+    | undefined;
+  /** Consecutive decisions (when max_decisions_per_message is above 1). */
+  decisions?: DecisionBatch | undefined;
 }
 
 export interface GetTraceRequest {
@@ -1807,7 +1827,15 @@ export const AssembleContextResponse: MessageFns<AssembleContextResponse> = {
 };
 
 function createBaseStreamContextRequest(): StreamContextRequest {
-  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined, maxDistance: undefined };
+  return {
+    projectId: "",
+    subjectId: "",
+    query: "",
+    budgetTokens: undefined,
+    asOf: undefined,
+    maxDistance: undefined,
+    maxDecisionsPerMessage: 0,
+  };
 }
 
 export const StreamContextRequest: MessageFns<StreamContextRequest> = {
@@ -1829,6 +1857,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     }
     if (message.maxDistance !== undefined) {
       writer.uint32(49).double(message.maxDistance);
+    }
+    if (message.maxDecisionsPerMessage !== 0) {
+      writer.uint32(56).uint32(message.maxDecisionsPerMessage);
     }
     return writer;
   },
@@ -1894,6 +1925,14 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
             message.maxDistance = reader.double();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.maxDecisionsPerMessage = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1934,6 +1973,11 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
         : isSet(object.max_distance)
         ? globalThis.Number(object.max_distance)
         : undefined,
+      maxDecisionsPerMessage: isSet(object.maxDecisionsPerMessage)
+        ? globalThis.Number(object.maxDecisionsPerMessage)
+        : isSet(object.max_decisions_per_message)
+        ? globalThis.Number(object.max_decisions_per_message)
+        : 0,
     };
   },
 
@@ -1957,6 +2001,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     if (message.maxDistance !== undefined) {
       obj.maxDistance = floatToJson(message.maxDistance);
     }
+    if (message.maxDecisionsPerMessage !== 0) {
+      obj.maxDecisionsPerMessage = Math.round(message.maxDecisionsPerMessage);
+    }
     return obj;
   },
 
@@ -1971,12 +2018,84 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     message.budgetTokens = object.budgetTokens ?? undefined;
     message.asOf = object.asOf ?? undefined;
     message.maxDistance = object.maxDistance ?? undefined;
+    message.maxDecisionsPerMessage = object.maxDecisionsPerMessage ?? 0;
+    return message;
+  },
+};
+
+function createBaseDecisionBatch(): DecisionBatch {
+  return { decisions: [] };
+}
+
+export const DecisionBatch: MessageFns<DecisionBatch> = {
+  encode(message: DecisionBatch, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.decisions) {
+      Decision.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DecisionBatch {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDecisionBatch();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.decisions.push(Decision.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DecisionBatch {
+    return {
+      decisions: globalThis.Array.isArray(object?.decisions)
+        ? object.decisions.map((e: any) => Decision.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: DecisionBatch): unknown {
+    const obj: any = {};
+    if (message.decisions?.length) {
+      obj.decisions = message.decisions.map((e) => Decision.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DecisionBatch>, I>>(base?: I): DecisionBatch {
+    return DecisionBatch.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DecisionBatch>, I>>(object: I): DecisionBatch {
+    const message = createBaseDecisionBatch();
+    message.decisions = object.decisions?.map((e) => Decision.fromPartial(e)) || [];
     return message;
   },
 };
 
 function createBaseStreamContextResponse(): StreamContextResponse {
-  return { traceId: "", decision: undefined, packet: undefined };
+  return { traceId: "", decision: undefined, packet: undefined, decisions: undefined };
 }
 
 export const StreamContextResponse: MessageFns<StreamContextResponse> = {
@@ -1989,6 +2108,9 @@ export const StreamContextResponse: MessageFns<StreamContextResponse> = {
     }
     if (message.packet !== undefined) {
       ContextPacket.encode(message.packet, writer.uint32(26).fork()).join();
+    }
+    if (message.decisions !== undefined) {
+      DecisionBatch.encode(message.decisions, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -2030,6 +2152,14 @@ export const StreamContextResponse: MessageFns<StreamContextResponse> = {
             message.packet = ContextPacket.decode(reader, reader.uint32());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.decisions = DecisionBatch.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2051,6 +2181,7 @@ export const StreamContextResponse: MessageFns<StreamContextResponse> = {
         : "",
       decision: isSet(object.decision) ? Decision.fromJSON(object.decision) : undefined,
       packet: isSet(object.packet) ? ContextPacket.fromJSON(object.packet) : undefined,
+      decisions: isSet(object.decisions) ? DecisionBatch.fromJSON(object.decisions) : undefined,
     };
   },
 
@@ -2064,6 +2195,9 @@ export const StreamContextResponse: MessageFns<StreamContextResponse> = {
     }
     if (message.packet !== undefined) {
       obj.packet = ContextPacket.toJSON(message.packet);
+    }
+    if (message.decisions !== undefined) {
+      obj.decisions = DecisionBatch.toJSON(message.decisions);
     }
     return obj;
   },
@@ -2079,6 +2213,9 @@ export const StreamContextResponse: MessageFns<StreamContextResponse> = {
       : undefined;
     message.packet = (object.packet !== undefined && object.packet !== null)
       ? ContextPacket.fromPartial(object.packet)
+      : undefined;
+    message.decisions = (object.decisions !== undefined && object.decisions !== null)
+      ? DecisionBatch.fromPartial(object.decisions)
       : undefined;
     return message;
   },
@@ -2820,7 +2957,10 @@ export const ContextServiceService = {
       Buffer.from(AssembleContextResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): AssembleContextResponse => AssembleContextResponse.decode(value),
   },
-  /** StreamContext sends one message per decision as the budget is packed, then the packet last. */
+  /**
+   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
+   * asked), then the packet last.
+   */
   streamContext: {
     path: "/satchel.v1.ContextService/StreamContext" as const,
     requestStream: false as const,
@@ -2873,7 +3013,10 @@ export const ContextServiceService = {
 export interface ContextServiceServer extends UntypedServiceImplementation {
   /** AssembleContext returns the packet and the id of its persisted trace. */
   assembleContext: handleUnaryCall<AssembleContextRequest, AssembleContextResponse>;
-  /** StreamContext sends one message per decision as the budget is packed, then the packet last. */
+  /**
+   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
+   * asked), then the packet last.
+   */
   streamContext: handleServerStreamingCall<StreamContextRequest, StreamContextResponse>;
   /** GetTrace returns the persisted trace of an earlier context call. */
   getTrace: handleUnaryCall<GetTraceRequest, GetTraceResponse>;
@@ -2905,7 +3048,10 @@ export interface ContextServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: AssembleContextResponse) => void,
   ): ClientUnaryCall;
-  /** StreamContext sends one message per decision as the budget is packed, then the packet last. */
+  /**
+   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
+   * asked), then the packet last.
+   */
   streamContext(
     request: StreamContextRequest,
     options?: Partial<CallOptions>,
