@@ -167,21 +167,26 @@ class SatchelServer:
         dsn, embedder = await asyncio.shield(asyncio.gather(*self._preparing))
         await asyncio.to_thread(check_embedding_schema, dsn, embedder.dimension, embedder.model_id)
         page_secret = await asyncio.to_thread(page_token_secret, dsn)
-        pool = create_pool(
-            dsn,
-            min_size=settings.db_pool_min,
-            max_size=settings.db_pool_max,
-            ef_search=settings.hnsw_ef_search,
-            timeout=settings.db_pool_timeout,
-            connect_timeout=settings.db_connect_timeout,
-            statement_timeout=settings.db_statement_timeout_seconds,
+        pool, planned_pool = (
+            create_pool(
+                dsn,
+                min_size=settings.db_pool_min,
+                max_size=settings.db_pool_max,
+                ef_search=settings.hnsw_ef_search,
+                timeout=settings.db_pool_timeout,
+                connect_timeout=settings.db_connect_timeout,
+                statement_timeout=settings.db_statement_timeout_seconds,
+                planned=planned,
+            )
+            for planned in (False, True)
         )
-        await pool.open(wait=True, timeout=30)
+        await asyncio.gather(*(p.open(wait=True, timeout=30) for p in (pool, planned_pool)))
         traces = TraceHub(dsn, pool, queue_size=settings.context.watch_queue_traces)
         await traces.start()
         return Runtime(
             settings=settings,
             pool=pool,
+            planned_pool=planned_pool,
             embedder=embedder,
             telemetry=self.telemetry,
             traces=traces,
@@ -297,6 +302,8 @@ class SatchelServer:
         runtime, self.runtime.value = self.runtime.value, None
         if runtime is not None:
             await runtime.pool.close()
+            if runtime.planned_pool is not None:
+                await runtime.planned_pool.close()
             runtime.executor.shutdown(wait=False, cancel_futures=True)
         # Stopped during startup: let the database finish starting, then stop it below.
         await asyncio.gather(*self._preparing, return_exceptions=True)

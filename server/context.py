@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
+
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
@@ -224,11 +226,13 @@ async def assemble(
         at=request.as_of or datetime.now(UTC),
         historical=request.as_of is not None,
     )
-    pool = runtime.pool
+    planned = runtime.context_pool
 
-    async def fetch(query: Any, *args: Any, **kwargs: Any) -> Any:
+    async def fetch(
+        query: Any, *args: Any, source: AsyncConnectionPool = runtime.pool, **kwargs: Any
+    ) -> Any:
         # A connection per query: none is held while decisions are streamed to the client.
-        async with autocommit(pool) as conn:
+        async with autocommit(source) as conn:
             return await query(conn, *args, **kwargs)
 
     # The searched words and the scope's size need no vector: looked up while embedding.
@@ -246,8 +250,10 @@ async def assemble(
     # first (the SQL finds restatements in hybrid ranking only); seed: facts, multi-hop, then
     # episodes.
     hybrid = cfg.ranking == "hybrid"
-    facts_task = asyncio.ensure_future(fetch(store.fetch_fact_candidates, scope, vector, cfg, plan))
-    episodes_task = asyncio.ensure_future(fetch(store.fetch_episodes, scope, vector, cfg, plan))
+    facts = fetch(store.fetch_fact_candidates, scope, vector, cfg, plan, source=planned)
+    facts_task = asyncio.ensure_future(facts)
+    episodes = fetch(store.fetch_episodes, scope, vector, cfg, plan, source=planned)
+    episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess
     try:
@@ -259,7 +265,11 @@ async def assemble(
 
         def multi_hop(entities: list[str]) -> asyncio.Future[list[dict[str, Any]]]:
             seen = list(rows_by_id)
-            hop = fetch(store.fetch_multi_hop, scope, vector, cfg, plan, entities, seen, text_full)
+            hop = fetch(
+                store.fetch_multi_hop,
+                *(scope, vector, cfg, plan, entities, seen, text_full),
+                source=planned,
+            )
             return asyncio.ensure_future(hop)
 
         if not hybrid:  # the facts are packed first: their multi-hop pass runs with the episodes

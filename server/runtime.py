@@ -27,6 +27,9 @@ class Runtime:
     settings: Settings
     pool: AsyncConnectionPool
     embedder: Embedder
+    # Connections that run generic plans (`create_pool(planned=True)`), for the context
+    # statements that do (facts, episodes, multi-hop); None: `pool` serves them too.
+    planned_pool: AsyncConnectionPool | None = None
     # ONNX releases the GIL; one thread keeps the model off the event loop without
     # competing with PostgreSQL for the machine's cores.
     executor: ThreadPoolExecutor = field(
@@ -38,6 +41,11 @@ class Runtime:
     traces: TraceHub | None = None
     # What page tokens are signed with (the deployment's, `page_token_secret`).
     page_secret: bytes = b""
+
+    @property
+    def context_pool(self) -> AsyncConnectionPool:
+        """The pool of the context statements that run generic plans."""
+        return self.planned_pool or self.pool
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts off the event loop."""

@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import grpc
+import pytest
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 from memory_helpers import event_request, expect_error, fact_request
 from memory_helpers import stub as memory_stub
@@ -325,6 +326,46 @@ async def test_stream_sends_decisions_in_batches_when_asked(
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert [f for f, _ in violations] == ["max_decisions_per_message"]
+
+
+async def test_a_packet_does_not_depend_on_the_calls_beside_it(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """Each query asked alone, then all of them at once (three times each, on the server's
+    pool): every concurrent packet and trace equals the one asked alone."""
+    await assert_facts(channel, project_id, CAROLINE)
+    for text in ("Lisbon is lovely in March", "Biscuit chewed my violin case again"):
+        await memory_stub(channel).RecordEvent(
+            event_request(project_id, payload={"speaker": "Caroline", "text": text})
+        )
+    queries = [
+        "Where does Caroline live?",
+        "What does Caroline do for work?",
+        "Tell me about Caroline's dog",
+        "Which instrument does Caroline play?",
+        "What should I not cook for Caroline?",
+        "What is Caroline's favourite food?",
+    ]
+
+    async def packet_and_decisions(query: str) -> tuple[bytes, list[tuple], list[float]]:
+        reply = await assemble(channel, project_id, query)
+        trace = await trace_of(channel, project_id, reply.trace_id)
+        decisions = [(d.candidate_id, d.outcome, d.reason_code) for d in trace.decisions]
+        return (
+            reply.packet.SerializeToString(deterministic=True),
+            decisions,
+            [d.score for d in trace.decisions],
+        )
+
+    alone = [await packet_and_decisions(q) for q in queries]
+    together = await asyncio.gather(*(packet_and_decisions(q) for q in queries * 3))
+    assert len({packet for packet, _, _ in alone}) == len(queries)  # the queries differ
+    for i, (packet, decisions, scores) in enumerate(together):
+        expected_packet, expected_decisions, expected_scores = alone[i % len(queries)]
+        query = queries[i % len(queries)]
+        assert (packet, decisions) == (expected_packet, expected_decisions), query
+        # recency follows the clock, which moved between the calls: the last digits only
+        assert scores == pytest.approx(expected_scores, abs=1e-4), query
 
 
 async def test_episodes_fill_the_remaining_budget_after_facts(

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -410,20 +411,80 @@ async def test_deleting_calls_deletes_their_decisions_and_nothing_else(
         assert await load_trace(conn, "p", calls[2]) is not None
 
 
-async def test_context_statements_are_planned_once_per_connection(
-    channel, project_id: str, settings, embedder
-) -> None:
-    """The exact facts and episodes statements run their generic plan, made on their first run
-    (`generic_plans`): PostgreSQL had kept planning the facts statement for each call's values,
-    2 to 4 ms a call. A real call runs twice on a pool of one connection, which then holds both
-    statements prepared, never planned for their values, and the pool's connection is left with
-    PostgreSQL's defaults for every other statement."""
-    from memory_helpers import event_request, fact_request
-    from memory_helpers import stub as memory_stub
-
+async def _plans_after_two_calls(
+    settings, embedder, project_id: str, *, planned: bool
+) -> tuple[list[tuple], dict[str, tuple]]:
+    """Two real calls on one-connection pools (context statements on a planned pool, or on the
+    main one); each pool connection's (plan_cache_mode, enable_seqscan), and how the context
+    statements were planned on the connection that ran them: {name: (generic, custom)}."""
     from satchel.server import context
     from satchel.server.runtime import Runtime
     from satchel.server.storage.pool import create_pool
+
+    pools = [create_pool(settings.database_url, min_size=1, max_size=1, ef_search=40)]
+    if planned:
+        pools.append(
+            create_pool(settings.database_url, min_size=1, max_size=1, ef_search=40, planned=True)
+        )
+    for pool in pools:
+        await pool.open(wait=True)
+    runtime = Runtime(
+        settings=settings,
+        pool=pools[0],
+        planned_pool=pools[-1] if planned else None,
+        embedder=embedder,
+    )
+    request = context.ContextRequest(project_id, "user-1", "Where does Ana live?", 900)
+    modes: list[tuple] = []
+    plans: dict[str, tuple] = {}
+    try:
+        for _ in range(2):
+            items = [item async for item in context.assemble(runtime, request)]
+        assert items[-1].facts, "the call serves facts"
+        for pool in pools:
+            async with pool.connection() as conn:
+                modes.append(
+                    await (
+                        await conn.execute(
+                            "SELECT current_setting('plan_cache_mode'),"
+                            " current_setting('enable_seqscan')"
+                        )
+                    ).fetchone()
+                )
+        async with pools[-1].connection() as conn:
+            prepared = await (
+                await conn.execute(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                )
+            ).fetchall()
+    finally:
+        for pool in pools:
+            await pool.close()
+    for name, statements in [
+        ("exact facts", store_context.EXACT_SQL),
+        ("episodes", store_context.HYBRID_EPISODES_SQL),
+        ("multi-hop", store_context.MULTI_HOP_SQL),
+    ]:
+        texts = {s.text for s in statements.values()}
+        found = [(generic, custom) for text, generic, custom in prepared if text in texts]
+        assert len(found) <= 1, (name, found)  # prepared once, if it ran
+        if found:
+            plans[name] = found[0]
+    return modes, plans
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["planned pool", "one pool"])
+async def test_context_statements_are_planned_once_per_connection(
+    channel, project_id: str, settings, embedder, planned: bool
+) -> None:
+    """The exact facts, episodes and multi-hop statements run their generic plan, made on their
+    first run (`generic_plans`): PostgreSQL had kept planning the facts statement for each
+    call's values, 2 to 4 ms a call. On a planned pool its connections hold the settings for
+    their session; on the main pool a transaction sets them for the statement and the
+    connection keeps PostgreSQL's defaults. Beyond `exact_scope_max`, the multi-hop statement
+    is planned for each call's values, even on a planned connection."""
+    from memory_helpers import event_request, fact_request
+    from memory_helpers import stub as memory_stub
 
     memory = memory_stub(channel)
     await memory.RecordEvent(
@@ -437,34 +498,16 @@ async def test_context_statements_are_planned_once_per_connection(
         await memory.AssertFact(
             fact_request(project_id, predicate=predicate, value=statement, statement=statement)
         )
-    pool = create_pool(settings.database_url, min_size=1, max_size=1, ef_search=40)
-    await pool.open(wait=True)
-    runtime = Runtime(settings=settings, pool=pool, embedder=embedder)
-    request = context.ContextRequest(project_id, "user-1", "Where does Ana live?", 900)
-    try:
-        for _ in range(2):
-            items = [item async for item in context.assemble(runtime, request)]
-        assert items[-1].facts, "the call serves facts"
-        async with pool.connection() as conn:
-            defaults = await (
-                await conn.execute(
-                    "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan')"
-                )
-            ).fetchone()
-            prepared = await (
-                await conn.execute(
-                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-                )
-            ).fetchall()
-    finally:
-        await pool.close()
-    assert defaults == ("auto", "on")
-    for name, statements in [
-        ("facts", store_context.EXACT_SQL),
-        ("episodes", store_context.HYBRID_EPISODES_SQL),
-    ]:
-        texts = {s.text for s in statements.values()}
-        plans = [(generic, custom) for text, generic, custom in prepared if text in texts]
-        assert len(plans) == 1, (name, plans)  # prepared, and once
-        generic, custom = plans[0]
+    modes, plans = await _plans_after_two_calls(settings, embedder, project_id, planned=planned)
+    expected = [("auto", "on"), ("force_generic_plan", "off")] if planned else [("auto", "on")]
+    assert modes == expected
+    assert set(plans) == {"exact facts", "episodes", "multi-hop"}
+    for name, (generic, custom) in plans.items():
         assert generic >= 2 and custom == 0, (name, plans)
+
+    large = replace(settings, context=replace(settings.context, exact_scope_max=2))
+    modes, plans = await _plans_after_two_calls(large, embedder, project_id, planned=planned)
+    assert modes == expected  # what a statement set for itself did not outlive it
+    generic, custom = plans["multi-hop"]
+    assert generic == 0 and custom >= 2, plans
+    assert plans["episodes"][1] == 0, plans  # the episodes still run their generic plan

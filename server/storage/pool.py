@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from weakref import WeakSet
 
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncConnection
@@ -20,8 +21,12 @@ def create_pool(
     timeout: float = 5.0,
     connect_timeout: int = 5,
     statement_timeout: float = 0.0,
+    planned: bool = False,
 ) -> AsyncConnectionPool:
     """A pool whose connections know the vector type and search HNSW deeply enough.
+
+    `planned`: its connections run the generic plans of their prepared statements, made without
+    sequential scans, for the whole session (see `generic_plans`), which then costs nothing.
 
     `hnsw.ef_search` defaults to 40, which caps an HNSW LIMIT 64 at 40 rows; with a scope
     filter, only an iterative scan returns the rows asked for (pgvector >= 0.8).
@@ -38,6 +43,10 @@ def create_pool(
         await conn.execute(f"SET hnsw.ef_search = {int(ef_search)}")
         await conn.execute("SET hnsw.iterative_scan = relaxed_order")
         await conn.execute(f"SET statement_timeout = {int(statement_timeout * 1000)}")
+        if planned:
+            for name, value in _GENERIC_PLAN_SETTINGS:
+                await conn.execute(f"SET {name} = {value}")
+            _PLANNED.add(conn)
         await conn.commit()
 
     return AsyncConnectionPool(
@@ -46,7 +55,7 @@ def create_pool(
         max_size=max_size,
         configure=configure,
         open=False,
-        name="satchel",
+        name="satchel-planned" if planned else "satchel",
         timeout=timeout,
         kwargs={
             "connect_timeout": connect_timeout,
@@ -77,28 +86,54 @@ async def autocommit(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection
                 await conn.close()
 
 
-# `set_config(..., true)`: for the current transaction only.
-_GENERIC_PLANS = (
-    "SELECT set_config('plan_cache_mode', 'force_generic_plan', true),"
-    " set_config('enable_seqscan', 'off', true)"
-)
+_GENERIC_PLAN_SETTINGS = (("plan_cache_mode", "force_generic_plan"), ("enable_seqscan", "off"))
+_PER_CALL_PLAN_SETTINGS = (("plan_cache_mode", "force_custom_plan"), ("enable_seqscan", "on"))
+# The connections of planned pools (they hold _GENERIC_PLAN_SETTINGS for their session).
+_PLANNED: WeakSet[AsyncConnection] = WeakSet()
+
+
+def _set_locally(settings: tuple[tuple[str, str], ...]) -> str:
+    """One statement setting each of `settings` for the current transaction only."""
+    calls = (f"set_config('{name}', '{value}', true)" for name, value in settings)
+    return "SELECT " + ", ".join(calls)
 
 
 @asynccontextmanager
 async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
-    """A transaction whose prepared statements run their generic plan, made without sequential
-    scans: for the facts (exact or two-phase, as the scope's size chose) and hybrid episodes of
-    one scope.
+    """Prepared statements run their generic plan, made without sequential scans: for the
+    facts (exact or two-phase, as the scope's size chose), hybrid episodes and multi-hop
+    (scopes scored exactly) of one scope.
 
     PostgreSQL plans a prepared statement for each call's values until the generic plan looks
     no costlier; for the exact facts statement it never did, 2 to 4 ms of planning every call.
     A generic plan is made without the scope's values: where a few scopes hold most of the
     table it expected a scope to be large and read the whole table (61 ms instead of 3 for a
     300-fact scope beside a 100,000-fact one, benchmarks/context.md). Without sequential scans
-    it reads the scope through its indexes, right for any scope a path was chosen for. The
-    multi-hop statement keeps per-call plans: its generic plan made a call on that 100,000-fact
-    scope 40 → 60 ms. One round trip with the statement (a pipeline).
+    it reads the scope through its indexes, right for any scope a path was chosen for.
+
+    A connection of a planned pool holds these settings already: nothing to do. Any other
+    opens a pipelined transaction that sets them for the statement (~0.9 ms of the event loop
+    and a round trip's worth of statements more).
+    """
+    if conn in _PLANNED:
+        yield
+        return
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_set_locally(_GENERIC_PLAN_SETTINGS))
+        yield
+
+
+@asynccontextmanager
+async def per_call_plans(conn: AsyncConnection) -> AsyncIterator[None]:
+    """A transaction whose prepared statements are planned for each call's values, sequential
+    scans allowed: for the statements whose generic plan would not suit every scope (the
+    multi-hop of a scope too large to score exactly: a 100,000-fact scope's call 40 → 60 ms;
+    the seed's HNSW episodes).
+
+    Forced, on any connection: a statement also run under `generic_plans` keeps that generic
+    plan cached, and PostgreSQL's own choice (`auto`) may reuse it here once it looks cheaper
+    than the custom plans made so far.
     """
     async with conn.pipeline(), conn.transaction():
-        await conn.execute(_GENERIC_PLANS)
+        await conn.execute(_set_locally(_PER_CALL_PLAN_SETTINGS))
         yield
