@@ -247,9 +247,10 @@ class SatchelServer:
                     self._supervise_postgres(), name="postgres-supervisor"
                 )
 
+        pools = [p for p in (runtime.pool, runtime.planned_pool) if p is not None]
         self.probe = DatabaseProbe(
             self._dsn,
-            runtime.pool,
+            pools,
             interval=self.settings.db_probe_seconds,
             timeout=max(1.0, min(3.0, self.settings.db_pool_timeout)),
             on_change=on_change,

@@ -190,29 +190,39 @@ class RuntimeCollector(Collector):
         runtime = self._runtime.value
         if runtime is None:
             return
-        stats = runtime.pool.get_stats()
+        pools = {"main": runtime.pool, "planned": runtime.planned_pool}
+        all_stats = {name: pool.get_stats() for name, pool in pools.items() if pool is not None}
         connections = GaugeMetricFamily(
             "satchel_db_pool_connections",
-            "Pool connections by state (size: open, available: idle, min/max: bounds).",
-            labels=["state"],
+            "Pool connections by pool (main, planned: the context statements' generic plans)"
+            " and state (size: open, available: idle, min/max: bounds).",
+            labels=["pool", "state"],
         )
-        for state, key in (
-            ("size", "pool_size"),
-            ("available", "pool_available"),
-            ("min", "pool_min"),
-            ("max", "pool_max"),
-        ):
-            connections.add_metric([state], stats.get(key, 0))
-        yield connections
-        yield GaugeMetricFamily(
+        waiting = GaugeMetricFamily(
             "satchel_db_pool_requests_waiting",
             "Requests waiting for a connection now.",
-            value=stats.get("requests_waiting", 0),
+            labels=["pool"],
         )
-        for key, name, doc in self.POOL_COUNTERS:
-            yield CounterMetricFamily(name, doc, value=stats.get(key, 0))
-        for key, name, doc in self.POOL_MS_COUNTERS:
-            yield CounterMetricFamily(name, doc, value=stats.get(key, 0) / 1000)
+        counters = [
+            (key, CounterMetricFamily(name, doc, labels=["pool"]), scale)
+            for keys, scale in ((self.POOL_COUNTERS, 1), (self.POOL_MS_COUNTERS, 1000))
+            for key, name, doc in keys
+        ]
+        for pool, stats in all_stats.items():
+            for state, key in (
+                ("size", "pool_size"),
+                ("available", "pool_available"),
+                ("min", "pool_min"),
+                ("max", "pool_max"),
+            ):
+                connections.add_metric([pool, state], stats.get(key, 0))
+            waiting.add_metric([pool], stats.get("requests_waiting", 0))
+            for key, family, scale in counters:
+                family.add_metric([pool], stats.get(key, 0) / scale)
+        yield connections
+        yield waiting
+        for _, family, _ in counters:
+            yield family
         hub = runtime.traces
         if hub is not None:
             yield GaugeMetricFamily(

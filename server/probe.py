@@ -4,17 +4,17 @@ Every `interval` seconds it runs `SELECT 1` on a connection of its own (not a po
 busy pool never looks like a dead database). On the first failure the database is marked down:
 health turns NOT_SERVING and the interceptor refuses satchel.v1 calls at once with UNAVAILABLE
 (`DATABASE_UNAVAILABLE`) instead of letting them wait for a connection. When the probe succeeds
-again, the pool's connections are checked (broken ones are replaced) and a pooled connection
-must answer too, then the database is marked up and health turns SERVING: after an outage the
-pool may still be waiting out its reconnection backoff, and SERVING means a call would succeed
-now, not in 18 s.
+again, every pool's connections are checked (broken ones are replaced) and a pooled connection
+of each must answer too, then the database is marked up and health turns SERVING: after an
+outage a pool may still be waiting out its reconnection backoff, and SERVING means a call would
+succeed now, not in 18 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import psycopg
 import structlog
@@ -29,7 +29,7 @@ class DatabaseProbe:
     def __init__(
         self,
         dsn: str,
-        pool: AsyncConnectionPool,
+        pools: Sequence[AsyncConnectionPool],
         *,
         interval: float,
         timeout: float,
@@ -37,7 +37,7 @@ class DatabaseProbe:
     ) -> None:
         self.up = True
         self._dsn = dsn
-        self._pool = pool
+        self._pools = list(pools)
         self._interval = interval
         self._timeout = timeout
         self._on_change = on_change
@@ -53,14 +53,15 @@ class DatabaseProbe:
             await self._close()
 
     async def probe_once(self) -> bool:
-        """One probe; on a change of state, heal the pool (when back) and notify."""
+        """One probe; on a change of state, heal the pools (when back) and notify."""
         ok = await self._check()
         if ok and not self.up:
             try:
-                await asyncio.wait_for(self._pool.check(), self._timeout * 4)
-                async with self._pool.connection(timeout=self._timeout) as conn:
-                    await conn.execute("SELECT 1")
-            except Exception as exc:  # the pool is not back yet: try again next time
+                for pool in self._pools:
+                    await asyncio.wait_for(pool.check(), self._timeout * 4)
+                    async with pool.connection(timeout=self._timeout) as conn:
+                        await conn.execute("SELECT 1")
+            except Exception as exc:  # a pool is not back yet: try again next time
                 log.warning("database_pool_check_failed", error=str(exc) or type(exc).__name__)
                 return False
         if ok != self.up:

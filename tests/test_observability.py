@@ -119,9 +119,11 @@ async def test_metrics_and_spans_after_some_calls(
         # The facts' statements and the three queries were embedded.
         assert _value(samples, "satchel_embedding_seconds_count") >= 3
         assert _value(samples, "satchel_embedded_texts_total") >= len(CAROLINE) + 3
-        assert _value(samples, "satchel_db_pool_connections", state="size") >= 1
-        assert _value(samples, "satchel_db_pool_connections", state="max") == settings.db_pool_max
-        assert _value(samples, "satchel_db_pool_requests_total") > 0
+        for pool in ("main", "planned"):  # the context calls above used both
+            assert _value(samples, "satchel_db_pool_connections", pool=pool, state="size") >= 1
+            maximum = _value(samples, "satchel_db_pool_connections", pool=pool, state="max")
+            assert maximum == settings.db_pool_max
+            assert _value(samples, "satchel_db_pool_requests_total", pool=pool) > 0
         assert ("satchel_watch_listener_connected", ()) in samples
         assert _value(samples, "satchel_watch_listener_connected") == 1
         assert _value(samples, "process_resident_memory_bytes") > 0

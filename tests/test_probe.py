@@ -36,7 +36,7 @@ async def test_up_again_only_once_the_pool_serves(pg_dsn: str, server) -> None:
         changes.append(up)
 
     pool = _RecoveringPool(server.runtime.value.pool, outage=2)
-    probe = DatabaseProbe(pg_dsn, pool, interval=0.1, timeout=1.0, on_change=on_change)
+    probe = DatabaseProbe(pg_dsn, [pool], interval=0.1, timeout=1.0, on_change=on_change)
     probe.up = False  # as after an outage: PostgreSQL answers again, the pool does not yet
     assert await probe.probe_once() is False and probe.up is False
     assert await probe.probe_once() is False and probe.up is False
