@@ -247,10 +247,9 @@ class SatchelServer:
                     self._supervise_postgres(), name="postgres-supervisor"
                 )
 
-        pools = [p for p in (runtime.pool, runtime.planned_pool) if p is not None]
         self.probe = DatabaseProbe(
             self._dsn,
-            pools,
+            list(runtime.pools.values()),
             interval=self.settings.db_probe_seconds,
             timeout=max(1.0, min(3.0, self.settings.db_pool_timeout)),
             on_change=on_change,
@@ -302,9 +301,8 @@ class SatchelServer:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         runtime, self.runtime.value = self.runtime.value, None
         if runtime is not None:
-            await runtime.pool.close()
-            if runtime.planned_pool is not None:
-                await runtime.planned_pool.close()
+            for pool in runtime.pools.values():
+                await pool.close()
             runtime.executor.shutdown(wait=False, cancel_futures=True)
         # Stopped during startup: let the database finish starting, then stop it below.
         await asyncio.gather(*self._preparing, return_exceptions=True)

@@ -190,8 +190,7 @@ class RuntimeCollector(Collector):
         runtime = self._runtime.value
         if runtime is None:
             return
-        pools = {"main": runtime.pool, "planned": runtime.planned_pool}
-        all_stats = {name: pool.get_stats() for name, pool in pools.items() if pool is not None}
+        all_stats = {name: pool.get_stats() for name, pool in runtime.pools.items()}
         connections = GaugeMetricFamily(
             "satchel_db_pool_connections",
             "Pool connections by pool (main, planned: the context statements' generic plans)"

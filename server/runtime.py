@@ -47,6 +47,12 @@ class Runtime:
         """The pool of the context statements that run generic plans."""
         return self.planned_pool or self.pool
 
+    @property
+    def pools(self) -> dict[str, AsyncConnectionPool]:
+        """Every pool by name ("main", and "planned" when there is one)."""
+        named = {"main": self.pool, "planned": self.planned_pool}
+        return {name: pool for name, pool in named.items() if pool is not None}
+
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed texts off the event loop."""
         batch = list(texts)

@@ -92,10 +92,15 @@ _PER_CALL_PLAN_SETTINGS = (("plan_cache_mode", "force_custom_plan"), ("enable_se
 _PLANNED: WeakSet[AsyncConnection] = WeakSet()
 
 
-def _set_locally(settings: tuple[tuple[str, str], ...]) -> str:
-    """One statement setting each of `settings` for the current transaction only."""
+@asynccontextmanager
+async def _transaction_with(
+    conn: AsyncConnection, settings: tuple[tuple[str, str], ...]
+) -> AsyncIterator[None]:
+    """A pipelined transaction (one round trip with its statement) that holds `settings`."""
     calls = (f"set_config('{name}', '{value}', true)" for name, value in settings)
-    return "SELECT " + ", ".join(calls)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute("SELECT " + ", ".join(calls))
+        yield
 
 
 @asynccontextmanager
@@ -118,8 +123,7 @@ async def generic_plans(conn: AsyncConnection) -> AsyncIterator[None]:
     if conn in _PLANNED:
         yield
         return
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_set_locally(_GENERIC_PLAN_SETTINGS))
+    async with _transaction_with(conn, _GENERIC_PLAN_SETTINGS):
         yield
 
 
@@ -134,6 +138,5 @@ async def per_call_plans(conn: AsyncConnection) -> AsyncIterator[None]:
     plan cached, and PostgreSQL's own choice (`auto`) may reuse it here once it looks cheaper
     than the custom plans made so far.
     """
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_set_locally(_PER_CALL_PLAN_SETTINGS))
+    async with _transaction_with(conn, _PER_CALL_PLAN_SETTINGS):
         yield
