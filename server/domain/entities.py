@@ -57,15 +57,15 @@ def extract_entities(
     """
     if max_entities <= 0:
         return []
+    joined = "\n".join(texts)  # one scan of all texts: words never span the line breaks
     query_words = {word.casefold() for word in _WORD.findall(query)}
-    query_words.update(w for text in texts for w in _WORD.findall(text) if w.islower())
+    query_words.update(w for w in set(_WORD.findall(joined)) if w.islower())
     counts: Counter[str] = Counter()
     first_seen: dict[str, int] = {}
-    for text in texts:
-        for word in ENTITY_PATTERN.findall(text):
-            folded = word.casefold()
-            if folded not in SENTENCE_STARTERS and folded not in query_words:
-                counts[word] += 1
-                first_seen.setdefault(word, len(first_seen))
+    for word in ENTITY_PATTERN.findall(joined):
+        folded = word.casefold()
+        if folded not in SENTENCE_STARTERS and folded not in query_words:
+            counts[word] += 1
+            first_seen.setdefault(word, len(first_seen))
     ranked = sorted(counts, key=lambda word: (-counts[word], first_seen[word]))
     return ranked[:max_entities]
