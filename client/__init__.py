@@ -1,14 +1,23 @@
-"""satchel.client: the light Python SDK (grpcio, grpcio-status and protobuf only).
+"""satchel.client: the light Python SDK (the `satchel-client` distribution).
+
+It needs only grpcio, grpcio-status, grpcio-health-checking, protobuf and
+googleapis-common-protos.
 
 `SatchelClient` (blocking) and `AsyncSatchelClient` (asyncio) have one method per RPC of the
 context, memory and talent services. Every method returns the RPC's response message from
 `satchel.v1` (e.g. `assemble_context(...).packet`), streams yield the response messages, and
 failures raise `SatchelError`. `render_packet` and `render_talents` turn results into prompt
-blocks.
+blocks. `service_config()` is the gRPC service config (retries) the clients use.
 """
 
 from satchel.client._aio import AsyncSatchelClient, AsyncStream
-from satchel.client._common import DEFAULT_ADDRESS, DEFAULT_TIMEOUT, IDEMPOTENT_READS, RetryPolicy
+from satchel.client._common import (
+    DEFAULT_ADDRESS,
+    DEFAULT_TIMEOUT,
+    IDEMPOTENT_READS,
+    RetryPolicy,
+    service_config,
+)
 from satchel.client._sync import SatchelClient, Stream
 from satchel.client.errors import FieldViolation, SatchelError
 from satchel.client.render import render_packet, render_talents
@@ -29,4 +38,5 @@ __all__ = [
     "fact_request",
     "render_packet",
     "render_talents",
+    "service_config",
 ]

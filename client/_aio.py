@@ -9,22 +9,19 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 
 from satchel.client import requests as rq
 from satchel.client._common import (
-    CONTEXT,
     DEFAULT_ADDRESS,
     DEFAULT_TIMEOUT,
     HEALTH_CHECK,
-    IDEMPOTENT_READS,
-    MEMORY,
-    NO_RETRY,
-    TALENTS,
     Metadata,
     RetryPolicy,
     call_metadata,
-    decode_health_status,
-    encode_health_request,
+    channel_options,
+    health_status,
 )
 from satchel.client.errors import SatchelError
 from satchel.v1 import (
@@ -37,6 +34,7 @@ from satchel.v1 import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Message)
 
 
 class AsyncStream(Generic[T]):
@@ -45,7 +43,7 @@ class AsyncStream(Generic[T]):
     Errors are raised as `SatchelError` while iterating; after `cancel()` iteration just stops.
     """
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall[Any, T]) -> None:
         self._call = call
         self._messages: AsyncIterator[T] = call.__aiter__()
         self._cancelled = False
@@ -102,16 +100,21 @@ class AsyncSatchelClient:
         self._metadata = call_metadata(api_key, metadata)
         self._own_channel = channel is None
         if channel is None:
+            settings = channel_options(self.retry, options)
             channel = (
-                grpc.aio.secure_channel(address, credentials, options=list(options))
+                grpc.aio.secure_channel(address, credentials, options=settings)
                 if credentials is not None
-                else grpc.aio.insecure_channel(address, options=list(options))
+                else grpc.aio.insecure_channel(address, options=settings)
             )
         self.channel = channel
         self._context = context_pb2_grpc.ContextServiceStub(channel)
         self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
         self._talents = talent_pb2_grpc.TalentServiceStub(channel)
-        self._health = channel.unary_unary(HEALTH_CHECK)
+        self._health = channel.unary_unary(
+            HEALTH_CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
 
     async def close(self) -> None:
         """Close the channel (only when the client created it)."""
@@ -129,36 +132,33 @@ class AsyncSatchelClient:
     # --- plumbing ---------------------------------------------------------------------------
 
     async def _unary(
-        self, stub: Any, service: str, name: str, request: Any, timeout: float | None
-    ) -> Any:
-        rpc: Callable[..., Any] = getattr(stub, name)
-        policy = self.retry if f"/{service}/{name}" in IDEMPOTENT_READS else NO_RETRY
-        budget = self.timeout if timeout is None else timeout
-        loop = asyncio.get_running_loop()
-        deadline = None if budget is None else loop.time() + budget
-        backoffs = policy.backoffs()
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                return await rpc(request, timeout=remaining, metadata=self._metadata)
-            except grpc.aio.AioRpcError as exc:
-                delay = next(backoffs, None)
-                retry = exc.code() in policy.retryable_codes and delay is not None
-                if not retry or (deadline is not None and loop.time() + delay >= deadline):
-                    raise SatchelError.from_rpc_error(exc) from exc
-                await asyncio.sleep(delay)
-
-    async def health(self, service: str = "", *, timeout: float | None = None) -> str:
-        """The standard health check: `SERVING`, `NOT_SERVING`, `SERVICE_UNKNOWN` or `UNKNOWN`."""
+        self, rpc: Callable[..., Any], request: Message, timeout: float | None, reply: type[R]
+    ) -> R:
+        """One unary call (gRPC retries it per the channel's service config), errors as
+        `SatchelError`."""
         try:
-            reply = await self._health(
-                encode_health_request(service),
+            response = await rpc(
+                request,
                 timeout=self.timeout if timeout is None else timeout,
                 metadata=self._metadata,
             )
         except grpc.aio.AioRpcError as exc:
             raise SatchelError.from_rpc_error(exc) from exc
-        return decode_health_status(reply)
+        if not isinstance(response, reply):
+            raise TypeError(f"{type(response).__name__} is not a {reply.__name__}")
+        return response
+
+    async def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """The standard health check: `SERVING`, `NOT_SERVING`, `SERVICE_UNKNOWN` or `UNKNOWN`."""
+        try:
+            reply = await self._health(
+                health_pb2.HealthCheckRequest(service=service),
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise SatchelError.from_rpc_error(exc) from exc
+        return health_status(reply)
 
     # --- ContextService ---------------------------------------------------------------------
 
@@ -182,7 +182,9 @@ class AsyncSatchelClient:
             as_of=as_of,
             max_distance=max_distance,
         )
-        return await self._unary(self._context, CONTEXT, "AssembleContext", request, timeout)
+        return await self._unary(
+            self._context.AssembleContext, request, timeout, context_pb2.AssembleContextResponse
+        )
 
     def stream_context(
         self,
@@ -217,7 +219,9 @@ class AsyncSatchelClient:
     ) -> context_pb2.GetTraceResponse:
         """The persisted trace of an earlier context call."""
         request = context_pb2.GetTraceRequest(project_id=project_id, trace_id=trace_id)
-        return await self._unary(self._context, CONTEXT, "GetTrace", request, timeout)
+        return await self._unary(
+            self._context.GetTrace, request, timeout, context_pb2.GetTraceResponse
+        )
 
     def watch_traces(
         self, project_id: str, *, subject_id: str | None = None, timeout: float | None = None
@@ -234,7 +238,9 @@ class AsyncSatchelClient:
     ) -> context_pb2.GetStatsOverviewResponse:
         """Injection rate, call counts and latency figures of a project."""
         request = context_pb2.GetStatsOverviewRequest(project_id=project_id)
-        return await self._unary(self._context, CONTEXT, "GetStatsOverview", request, timeout)
+        return await self._unary(
+            self._context.GetStatsOverview, request, timeout, context_pb2.GetStatsOverviewResponse
+        )
 
     # --- MemoryService ----------------------------------------------------------------------
 
@@ -258,14 +264,18 @@ class AsyncSatchelClient:
             occurred_at=occurred_at,
             idempotency_key=idempotency_key,
         )
-        return await self._unary(self._memory, MEMORY, "RecordEvent", request, timeout)
+        return await self._unary(
+            self._memory.RecordEvent, request, timeout, memory_pb2.RecordEventResponse
+        )
 
     async def batch_record_events(
         self, requests: Iterable[memory_pb2.RecordEventRequest], *, timeout: float | None = None
     ) -> memory_pb2.BatchRecordEventsResponse:
         """Store many events in one transaction (build items with `event_request`)."""
         request = memory_pb2.BatchRecordEventsRequest(requests=list(requests))
-        return await self._unary(self._memory, MEMORY, "BatchRecordEvents", request, timeout)
+        return await self._unary(
+            self._memory.BatchRecordEvents, request, timeout, memory_pb2.BatchRecordEventsResponse
+        )
 
     async def list_events(
         self,
@@ -281,7 +291,9 @@ class AsyncSatchelClient:
         request = rq.list_events(
             project_id, subject_id, as_of=as_of, page_size=page_size, page_token=page_token
         )
-        return await self._unary(self._memory, MEMORY, "ListEvents", request, timeout)
+        return await self._unary(
+            self._memory.ListEvents, request, timeout, memory_pb2.ListEventsResponse
+        )
 
     async def iter_events(
         self,
@@ -334,14 +346,18 @@ class AsyncSatchelClient:
             idempotency_key=idempotency_key,
             supersedes_fact_ids=supersedes_fact_ids,
         )
-        return await self._unary(self._memory, MEMORY, "AssertFact", request, timeout)
+        return await self._unary(
+            self._memory.AssertFact, request, timeout, memory_pb2.AssertFactResponse
+        )
 
     async def batch_assert_facts(
         self, requests: Iterable[memory_pb2.AssertFactRequest], *, timeout: float | None = None
     ) -> memory_pb2.BatchAssertFactsResponse:
         """Store many facts in one transaction (build items with `fact_request`)."""
         request = memory_pb2.BatchAssertFactsRequest(requests=list(requests))
-        return await self._unary(self._memory, MEMORY, "BatchAssertFacts", request, timeout)
+        return await self._unary(
+            self._memory.BatchAssertFacts, request, timeout, memory_pb2.BatchAssertFactsResponse
+        )
 
     async def retire_fact(
         self, project_id: str, fact_id: str, reason: str = "", *, timeout: float | None = None
@@ -350,7 +366,9 @@ class AsyncSatchelClient:
         request = memory_pb2.RetireFactRequest(
             project_id=project_id, fact_id=fact_id, reason=reason
         )
-        return await self._unary(self._memory, MEMORY, "RetireFact", request, timeout)
+        return await self._unary(
+            self._memory.RetireFact, request, timeout, memory_pb2.RetireFactResponse
+        )
 
     async def supersede_fact(
         self,
@@ -364,7 +382,9 @@ class AsyncSatchelClient:
         request = memory_pb2.SupersedeFactRequest(
             project_id=project_id, fact_id=fact_id, superseded_by_fact_id=superseded_by_fact_id
         )
-        return await self._unary(self._memory, MEMORY, "SupersedeFact", request, timeout)
+        return await self._unary(
+            self._memory.SupersedeFact, request, timeout, memory_pb2.SupersedeFactResponse
+        )
 
     async def list_facts(
         self,
@@ -386,7 +406,9 @@ class AsyncSatchelClient:
             page_size=page_size,
             page_token=page_token,
         )
-        return await self._unary(self._memory, MEMORY, "ListFacts", request, timeout)
+        return await self._unary(
+            self._memory.ListFacts, request, timeout, memory_pb2.ListFactsResponse
+        )
 
     async def iter_facts(
         self,
@@ -426,7 +448,9 @@ class AsyncSatchelClient:
         request = memory_pb2.OpenConflictRequest(
             project_id=project_id, subject_id=subject_id, fact_ids=list(fact_ids), note=note
         )
-        return await self._unary(self._memory, MEMORY, "OpenConflict", request, timeout)
+        return await self._unary(
+            self._memory.OpenConflict, request, timeout, memory_pb2.OpenConflictResponse
+        )
 
     async def resolve_conflict(
         self,
@@ -440,7 +464,9 @@ class AsyncSatchelClient:
         request = memory_pb2.ResolveConflictRequest(
             project_id=project_id, conflict_id=conflict_id, winning_fact_id=winning_fact_id
         )
-        return await self._unary(self._memory, MEMORY, "ResolveConflict", request, timeout)
+        return await self._unary(
+            self._memory.ResolveConflict, request, timeout, memory_pb2.ResolveConflictResponse
+        )
 
     async def list_conflicts(
         self,
@@ -448,13 +474,45 @@ class AsyncSatchelClient:
         subject_id: str,
         *,
         include_resolved: bool = False,
+        page_size: int = 0,
+        page_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListConflictsResponse:
-        """The conflicts of a scope (open ones, or all with `include_resolved`)."""
-        request = memory_pb2.ListConflictsRequest(
-            project_id=project_id, subject_id=subject_id, include_resolved=include_resolved
+        """One page of the conflicts of a scope (open ones, or all with `include_resolved`),
+        newest first."""
+        request = rq.list_conflicts(
+            project_id,
+            subject_id,
+            include_resolved=include_resolved,
+            page_size=page_size,
+            page_token=page_token,
         )
-        return await self._unary(self._memory, MEMORY, "ListConflicts", request, timeout)
+        return await self._unary(
+            self._memory.ListConflicts, request, timeout, memory_pb2.ListConflictsResponse
+        )
+
+    async def iter_conflicts(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        include_resolved: bool = False,
+        page_size: int = 0,
+    ) -> AsyncIterator[memory_pb2.Conflict]:
+        """Every conflict of a scope (see `list_conflicts`), page after page."""
+        token = ""
+        while True:
+            page = await self.list_conflicts(
+                project_id,
+                subject_id,
+                include_resolved=include_resolved,
+                page_size=page_size,
+                page_token=token,
+            )
+            for item in page.conflicts:
+                yield item
+            if not (token := page.next_page_token):
+                return
 
     # --- TalentService ----------------------------------------------------------------------
 
@@ -463,14 +521,41 @@ class AsyncSatchelClient:
     ) -> talent_pb2.UpsertTalentResponse:
         """Create or replace a talent of the catalogue."""
         request = talent_pb2.UpsertTalentRequest(talent=talent)
-        return await self._unary(self._talents, TALENTS, "UpsertTalent", request, timeout)
+        return await self._unary(
+            self._talents.UpsertTalent, request, timeout, talent_pb2.UpsertTalentResponse
+        )
 
     async def list_talents(
-        self, project_id: str = "", *, active_only: bool = False, timeout: float | None = None
+        self,
+        project_id: str = "",
+        *,
+        active_only: bool = False,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
     ) -> talent_pb2.ListTalentsResponse:
-        """The catalogue, or with `project_id` also which talents are active there."""
-        request = talent_pb2.ListTalentsRequest(project_id=project_id, active_only=active_only)
-        return await self._unary(self._talents, TALENTS, "ListTalents", request, timeout)
+        """One page of the catalogue by id, or with `project_id` also which of the page's talents
+        are active there."""
+        request = rq.list_talents(
+            project_id, active_only=active_only, page_size=page_size, page_token=page_token
+        )
+        return await self._unary(
+            self._talents.ListTalents, request, timeout, talent_pb2.ListTalentsResponse
+        )
+
+    async def iter_talents(
+        self, project_id: str = "", *, active_only: bool = False, page_size: int = 0
+    ) -> AsyncIterator[talent_pb2.Talent]:
+        """Every talent of the catalogue (or of a project's active set), page after page."""
+        token = ""
+        while True:
+            page = await self.list_talents(
+                project_id, active_only=active_only, page_size=page_size, page_token=token
+            )
+            for item in page.talents:
+                yield item
+            if not (token := page.next_page_token):
+                return
 
     async def set_talent_activation(
         self, project_id: str, talent_id: str, active: bool = True, *, timeout: float | None = None
@@ -479,7 +564,12 @@ class AsyncSatchelClient:
         request = talent_pb2.SetTalentActivationRequest(
             project_id=project_id, talent_id=talent_id, active=active
         )
-        return await self._unary(self._talents, TALENTS, "SetTalentActivation", request, timeout)
+        return await self._unary(
+            self._talents.SetTalentActivation,
+            request,
+            timeout,
+            talent_pb2.SetTalentActivationResponse,
+        )
 
     async def resolve_talents(
         self,
@@ -505,11 +595,15 @@ class AsyncSatchelClient:
             beta=beta,
             margin=margin,
         )
-        return await self._unary(self._talents, TALENTS, "ResolveTalents", request, timeout)
+        return await self._unary(
+            self._talents.ResolveTalents, request, timeout, talent_pb2.ResolveTalentsResponse
+        )
 
     async def diagnose_project(
         self, project_id: str, roles: Iterable[str] = (), *, timeout: float | None = None
     ) -> talent_pb2.DiagnoseProjectResponse:
         """What is wrong with a project's talents (the doctor)."""
         request = talent_pb2.DiagnoseProjectRequest(project_id=project_id, roles=list(roles))
-        return await self._unary(self._talents, TALENTS, "DiagnoseProject", request, timeout)
+        return await self._unary(
+            self._talents.DiagnoseProject, request, timeout, talent_pb2.DiagnoseProjectResponse
+        )

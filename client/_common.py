@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 30.0
@@ -28,16 +30,39 @@ IDEMPOTENT_READS: frozenset[str] = frozenset(
         f"/{TALENTS}/ResolveTalents",
     }
 )
-"""The only methods the clients retry (on UNAVAILABLE): reads that are safe to repeat."""
+"""The only methods the clients retry (on UNAVAILABLE): reads that are safe to repeat.
+
+Writes are never retried by the client, even with an `idempotency_key` (retry those yourself
+with the same key); AssembleContext and StreamContext persist a trace, so they are writes too.
+"""
 
 Metadata = Sequence[tuple[str, str]]
+
+_HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+HEALTH_CHECK = f"/{_HEALTH.full_name}/{_HEALTH.methods_by_name['Check'].name}"
+"""`/grpc.health.v1.Health/Check`, from grpcio-health-checking's descriptor (its messages too)."""
+
+
+def health_status(reply: health_pb2.HealthCheckResponse) -> str:
+    """A health reply's status by name (`SERVING`, …), a status newer than these as its number."""
+    statuses = health_pb2.HealthCheckResponse.ServingStatus
+    return statuses.Name(reply.status) if reply.status in statuses.values() else str(reply.status)
+
+
+MAX_ATTEMPTS = 5
+"""gRPC's ceiling on `maxAttempts` (gRFC A6): a larger `RetryPolicy.max_attempts` means 5."""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries of idempotent reads on UNAVAILABLE: exponential backoff with full jitter.
 
-    `max_attempts` counts the first call; every attempt stays within the call's deadline.
+    The clients hand it to gRPC as the `retryPolicy` of a service config (see
+    `service_config`): `max_attempts` counts the first call (gRPC caps it at 5; 1 disables
+    retries), the n-th retry waits a random time up to
+    `min(initial_backoff * multiplier ** (n - 1), max_backoff)` seconds, and every attempt stays
+    within the call's deadline (a backoff that outlasts it ends the call with
+    DEADLINE_EXCEEDED, at the deadline).
     """
 
     max_attempts: int = 4
@@ -46,15 +71,68 @@ class RetryPolicy:
     multiplier: float = 2.0
     retryable_codes: frozenset[grpc.StatusCode] = frozenset({grpc.StatusCode.UNAVAILABLE})
 
-    def backoffs(self) -> Iterator[float]:
-        """Seconds to sleep before each retry (max_attempts - 1 of them)."""
-        ceiling = self.initial_backoff
-        for _ in range(self.max_attempts - 1):
-            yield random.uniform(0, min(ceiling, self.max_backoff))
-            ceiling *= self.multiplier
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.max_attempts > 1 and not (
+            self.initial_backoff > 0
+            and self.max_backoff > 0
+            and self.multiplier > 0
+            and self.retryable_codes
+        ):
+            raise ValueError(
+                "RetryPolicy: backoffs and multiplier must be > 0, retryable_codes not empty"
+            )
+
+    def as_service_config(self) -> dict[str, Any]:
+        """The gRPC `retryPolicy` object of this policy (gRFC A6 field names)."""
+        return {
+            "maxAttempts": min(self.max_attempts, MAX_ATTEMPTS),  # gRPC would clamp it, loudly
+            "initialBackoff": _duration(self.initial_backoff),
+            "maxBackoff": _duration(self.max_backoff),
+            "backoffMultiplier": self.multiplier,
+            "retryableStatusCodes": sorted(code.name for code in self.retryable_codes),
+        }
 
 
-NO_RETRY = RetryPolicy(max_attempts=1)
+def service_config(retry: RetryPolicy | None = None) -> dict[str, Any]:
+    """The gRPC service config both clients pass to their channel (`grpc.service_config`).
+
+    One `methodConfig` names the idempotent reads (`IDEMPOTENT_READS`) with `retry`'s
+    `retryPolicy` (default `RetryPolicy()`); writes, streams and the health check are not named,
+    so gRPC never retries them. It is plain JSON: `json.dumps(service_config())` is what a Node
+    (`grpc.service_config` channel option), Go (`grpc.WithDefaultServiceConfig`) or Java
+    (`defaultServiceConfig`) client reads to retry the same calls the same way.
+    """
+    policy = RetryPolicy() if retry is None else retry
+    names = [
+        {"service": service, "method": name}
+        for service, name in sorted(path[1:].split("/") for path in IDEMPOTENT_READS)
+    ]
+    config: dict[str, Any] = {"name": names}
+    if policy.max_attempts > 1:
+        config["retryPolicy"] = policy.as_service_config()
+    return {"methodConfig": [config]}
+
+
+def channel_options(
+    retry: RetryPolicy | None, options: Sequence[tuple[str, Any]] = ()
+) -> list[tuple[str, Any]]:
+    """The channel options of a client: retries on, and `service_config(retry)` unless the
+    caller's `options` already carry a `grpc.service_config` of their own."""
+    given = list(options)
+    keys = {key for key, _ in given}
+    extra: list[tuple[str, Any]] = []
+    if "grpc.enable_retries" not in keys:
+        extra.append(("grpc.enable_retries", 1))
+    if "grpc.service_config" not in keys:
+        extra.append(("grpc.service_config", json.dumps(service_config(retry))))
+    return [*extra, *given]
+
+
+def _duration(seconds: float) -> str:
+    """A protobuf JSON Duration (`"0.1s"`), as service configs spell them."""
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 def call_metadata(api_key: str | None, extra: Metadata = ()) -> tuple[tuple[str, str], ...]:
@@ -66,47 +144,3 @@ def call_metadata(api_key: str | None, extra: Metadata = ()) -> tuple[tuple[str,
 def method(service: str, name: str) -> str:
     """The full gRPC method path, e.g. `/satchel.v1.ContextService/GetTrace`."""
     return f"/{service}/{name}"
-
-
-def encode_health_request(service: str) -> bytes:
-    """A `grpc.health.v1.HealthCheckRequest` (field 1: service), encoded by hand to stay light."""
-    data = service.encode()
-    return (b"\x0a" + _varint(len(data)) + data) if data else b""
-
-
-def decode_health_status(data: bytes) -> str:
-    """The `status` of a `grpc.health.v1.HealthCheckResponse` as its enum name."""
-    names = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
-    status, index = 0, 0
-    while index < len(data):
-        tag, index = _read_varint(data, index)
-        if tag & 7 != 0:  # only varints are expected in this message
-            break
-        number, index = _read_varint(data, index)
-        if tag >> 3 == 1:
-            status = number
-    return names[status] if status < len(names) else str(status)
-
-
-def _varint(number: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, number = number & 0x7F, number >> 7
-        out.append(byte | (0x80 if number else 0))
-        if not number:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, index: int) -> tuple[int, int]:
-    number = shift = 0
-    while index < len(data):
-        byte = data[index]
-        index += 1
-        number |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            break
-    return number, index
-
-
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"

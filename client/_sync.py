@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 
 from satchel.client import requests as rq
 from satchel.client._common import (
-    CONTEXT,
     DEFAULT_ADDRESS,
     DEFAULT_TIMEOUT,
     HEALTH_CHECK,
-    IDEMPOTENT_READS,
-    MEMORY,
-    NO_RETRY,
-    TALENTS,
     Metadata,
     RetryPolicy,
     call_metadata,
-    decode_health_status,
-    encode_health_request,
+    channel_options,
+    health_status,
 )
 from satchel.client.errors import SatchelError
 from satchel.v1 import (
@@ -37,6 +33,7 @@ from satchel.v1 import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Message)
 
 
 class Stream(Generic[T]):
@@ -54,11 +51,12 @@ class Stream(Generic[T]):
 
     def __next__(self) -> T:
         try:
-            return next(self._call)
+            message: T = next(self._call)
         except grpc.RpcError as exc:
-            if self._cancelled and exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+            if self._cancelled and exc.code() == grpc.StatusCode.CANCELLED:
                 raise StopIteration from None
             raise SatchelError.from_rpc_error(exc) from exc
+        return message
 
     def cancel(self) -> None:
         """Cancel the call; the server stops sending."""
@@ -78,8 +76,10 @@ class SatchelClient:
     Every method returns the RPC's response message (`satchel.v1`), streams yield the
     response messages, failures raise `SatchelError`. Each call has a deadline of `timeout`
     seconds (None: no deadline) unless the call passes its own; WatchTraces has none by default.
-    Idempotent reads (see `IDEMPOTENT_READS`) are retried on UNAVAILABLE per `retry`; writes
-    and streams never are. `api_key` is sent as `authorization: Bearer <key>`.
+    Idempotent reads (see `IDEMPOTENT_READS`) are retried on UNAVAILABLE per `retry`, by gRPC
+    itself (the channel's service config, `service_config(retry)`); writes and streams never
+    are. A `channel` of your own retries only as its own options say. `api_key` is sent as
+    `authorization: Bearer <key>`.
     """
 
     def __init__(
@@ -100,16 +100,21 @@ class SatchelClient:
         self._metadata = call_metadata(api_key, metadata)
         self._own_channel = channel is None
         if channel is None:
+            settings = channel_options(self.retry, options)
             channel = (
-                grpc.secure_channel(address, credentials, options=list(options))
+                grpc.secure_channel(address, credentials, options=settings)
                 if credentials is not None
-                else grpc.insecure_channel(address, options=list(options))
+                else grpc.insecure_channel(address, options=settings)
             )
         self.channel = channel
         self._context = context_pb2_grpc.ContextServiceStub(channel)
         self._memory = memory_pb2_grpc.MemoryServiceStub(channel)
         self._talents = talent_pb2_grpc.TalentServiceStub(channel)
-        self._health = channel.unary_unary(HEALTH_CHECK)
+        self._health = channel.unary_unary(
+            HEALTH_CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
 
     def close(self) -> None:
         """Close the channel (only when the client created it)."""
@@ -127,35 +132,33 @@ class SatchelClient:
     # --- plumbing ---------------------------------------------------------------------------
 
     def _unary(
-        self, stub: Any, service: str, name: str, request: Any, timeout: float | None
-    ) -> Any:
-        rpc: Callable[..., Any] = getattr(stub, name)
-        policy = self.retry if f"/{service}/{name}" in IDEMPOTENT_READS else NO_RETRY
-        budget = self.timeout if timeout is None else timeout
-        deadline = None if budget is None else time.monotonic() + budget
-        backoffs = policy.backoffs()
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                return rpc(request, timeout=remaining, metadata=self._metadata)
-            except grpc.RpcError as exc:
-                delay = next(backoffs, None)
-                retry = exc.code() in policy.retryable_codes and delay is not None  # type: ignore[attr-defined]
-                if not retry or (deadline is not None and time.monotonic() + delay >= deadline):
-                    raise SatchelError.from_rpc_error(exc) from exc
-                time.sleep(delay)
-
-    def health(self, service: str = "", *, timeout: float | None = None) -> str:
-        """The standard health check: `SERVING`, `NOT_SERVING`, `SERVICE_UNKNOWN` or `UNKNOWN`."""
+        self, rpc: Callable[..., Any], request: Message, timeout: float | None, reply: type[R]
+    ) -> R:
+        """One unary call (gRPC retries it per the channel's service config), errors as
+        `SatchelError`."""
         try:
-            reply = self._health(
-                encode_health_request(service),
+            response = rpc(
+                request,
                 timeout=self.timeout if timeout is None else timeout,
                 metadata=self._metadata,
             )
         except grpc.RpcError as exc:
             raise SatchelError.from_rpc_error(exc) from exc
-        return decode_health_status(reply)
+        if not isinstance(response, reply):
+            raise TypeError(f"{type(response).__name__} is not a {reply.__name__}")
+        return response
+
+    def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """The standard health check: `SERVING`, `NOT_SERVING`, `SERVICE_UNKNOWN` or `UNKNOWN`."""
+        try:
+            reply = self._health(
+                health_pb2.HealthCheckRequest(service=service),
+                timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as exc:
+            raise SatchelError.from_rpc_error(exc) from exc
+        return health_status(reply)
 
     # --- ContextService ---------------------------------------------------------------------
 
@@ -179,7 +182,9 @@ class SatchelClient:
             as_of=as_of,
             max_distance=max_distance,
         )
-        return self._unary(self._context, CONTEXT, "AssembleContext", request, timeout)
+        return self._unary(
+            self._context.AssembleContext, request, timeout, context_pb2.AssembleContextResponse
+        )
 
     def stream_context(
         self,
@@ -214,7 +219,7 @@ class SatchelClient:
     ) -> context_pb2.GetTraceResponse:
         """The persisted trace of an earlier context call."""
         request = context_pb2.GetTraceRequest(project_id=project_id, trace_id=trace_id)
-        return self._unary(self._context, CONTEXT, "GetTrace", request, timeout)
+        return self._unary(self._context.GetTrace, request, timeout, context_pb2.GetTraceResponse)
 
     def watch_traces(
         self, project_id: str, *, subject_id: str | None = None, timeout: float | None = None
@@ -229,7 +234,9 @@ class SatchelClient:
     ) -> context_pb2.GetStatsOverviewResponse:
         """Injection rate, call counts and latency figures of a project."""
         request = context_pb2.GetStatsOverviewRequest(project_id=project_id)
-        return self._unary(self._context, CONTEXT, "GetStatsOverview", request, timeout)
+        return self._unary(
+            self._context.GetStatsOverview, request, timeout, context_pb2.GetStatsOverviewResponse
+        )
 
     # --- MemoryService ----------------------------------------------------------------------
 
@@ -253,14 +260,18 @@ class SatchelClient:
             occurred_at=occurred_at,
             idempotency_key=idempotency_key,
         )
-        return self._unary(self._memory, MEMORY, "RecordEvent", request, timeout)
+        return self._unary(
+            self._memory.RecordEvent, request, timeout, memory_pb2.RecordEventResponse
+        )
 
     def batch_record_events(
         self, requests: Iterable[memory_pb2.RecordEventRequest], *, timeout: float | None = None
     ) -> memory_pb2.BatchRecordEventsResponse:
         """Store many events in one transaction (build items with `event_request`)."""
         request = memory_pb2.BatchRecordEventsRequest(requests=list(requests))
-        return self._unary(self._memory, MEMORY, "BatchRecordEvents", request, timeout)
+        return self._unary(
+            self._memory.BatchRecordEvents, request, timeout, memory_pb2.BatchRecordEventsResponse
+        )
 
     def list_events(
         self,
@@ -276,7 +287,7 @@ class SatchelClient:
         request = rq.list_events(
             project_id, subject_id, as_of=as_of, page_size=page_size, page_token=page_token
         )
-        return self._unary(self._memory, MEMORY, "ListEvents", request, timeout)
+        return self._unary(self._memory.ListEvents, request, timeout, memory_pb2.ListEventsResponse)
 
     def iter_events(
         self,
@@ -328,14 +339,16 @@ class SatchelClient:
             idempotency_key=idempotency_key,
             supersedes_fact_ids=supersedes_fact_ids,
         )
-        return self._unary(self._memory, MEMORY, "AssertFact", request, timeout)
+        return self._unary(self._memory.AssertFact, request, timeout, memory_pb2.AssertFactResponse)
 
     def batch_assert_facts(
         self, requests: Iterable[memory_pb2.AssertFactRequest], *, timeout: float | None = None
     ) -> memory_pb2.BatchAssertFactsResponse:
         """Store many facts in one transaction (build items with `fact_request`)."""
         request = memory_pb2.BatchAssertFactsRequest(requests=list(requests))
-        return self._unary(self._memory, MEMORY, "BatchAssertFacts", request, timeout)
+        return self._unary(
+            self._memory.BatchAssertFacts, request, timeout, memory_pb2.BatchAssertFactsResponse
+        )
 
     def retire_fact(
         self, project_id: str, fact_id: str, reason: str = "", *, timeout: float | None = None
@@ -344,7 +357,7 @@ class SatchelClient:
         request = memory_pb2.RetireFactRequest(
             project_id=project_id, fact_id=fact_id, reason=reason
         )
-        return self._unary(self._memory, MEMORY, "RetireFact", request, timeout)
+        return self._unary(self._memory.RetireFact, request, timeout, memory_pb2.RetireFactResponse)
 
     def supersede_fact(
         self,
@@ -358,7 +371,9 @@ class SatchelClient:
         request = memory_pb2.SupersedeFactRequest(
             project_id=project_id, fact_id=fact_id, superseded_by_fact_id=superseded_by_fact_id
         )
-        return self._unary(self._memory, MEMORY, "SupersedeFact", request, timeout)
+        return self._unary(
+            self._memory.SupersedeFact, request, timeout, memory_pb2.SupersedeFactResponse
+        )
 
     def list_facts(
         self,
@@ -380,7 +395,7 @@ class SatchelClient:
             page_size=page_size,
             page_token=page_token,
         )
-        return self._unary(self._memory, MEMORY, "ListFacts", request, timeout)
+        return self._unary(self._memory.ListFacts, request, timeout, memory_pb2.ListFactsResponse)
 
     def iter_facts(
         self,
@@ -419,7 +434,9 @@ class SatchelClient:
         request = memory_pb2.OpenConflictRequest(
             project_id=project_id, subject_id=subject_id, fact_ids=list(fact_ids), note=note
         )
-        return self._unary(self._memory, MEMORY, "OpenConflict", request, timeout)
+        return self._unary(
+            self._memory.OpenConflict, request, timeout, memory_pb2.OpenConflictResponse
+        )
 
     def resolve_conflict(
         self,
@@ -433,7 +450,9 @@ class SatchelClient:
         request = memory_pb2.ResolveConflictRequest(
             project_id=project_id, conflict_id=conflict_id, winning_fact_id=winning_fact_id
         )
-        return self._unary(self._memory, MEMORY, "ResolveConflict", request, timeout)
+        return self._unary(
+            self._memory.ResolveConflict, request, timeout, memory_pb2.ResolveConflictResponse
+        )
 
     def list_conflicts(
         self,
@@ -441,13 +460,44 @@ class SatchelClient:
         subject_id: str,
         *,
         include_resolved: bool = False,
+        page_size: int = 0,
+        page_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListConflictsResponse:
-        """The conflicts of a scope (open ones, or all with `include_resolved`)."""
-        request = memory_pb2.ListConflictsRequest(
-            project_id=project_id, subject_id=subject_id, include_resolved=include_resolved
+        """One page of the conflicts of a scope (open ones, or all with `include_resolved`),
+        newest first."""
+        request = rq.list_conflicts(
+            project_id,
+            subject_id,
+            include_resolved=include_resolved,
+            page_size=page_size,
+            page_token=page_token,
         )
-        return self._unary(self._memory, MEMORY, "ListConflicts", request, timeout)
+        return self._unary(
+            self._memory.ListConflicts, request, timeout, memory_pb2.ListConflictsResponse
+        )
+
+    def iter_conflicts(
+        self,
+        project_id: str,
+        subject_id: str,
+        *,
+        include_resolved: bool = False,
+        page_size: int = 0,
+    ) -> Iterator[memory_pb2.Conflict]:
+        """Every conflict of a scope (see `list_conflicts`), page after page."""
+        token = ""
+        while True:
+            page = self.list_conflicts(
+                project_id,
+                subject_id,
+                include_resolved=include_resolved,
+                page_size=page_size,
+                page_token=token,
+            )
+            yield from page.conflicts
+            if not (token := page.next_page_token):
+                return
 
     # --- TalentService ----------------------------------------------------------------------
 
@@ -456,14 +506,40 @@ class SatchelClient:
     ) -> talent_pb2.UpsertTalentResponse:
         """Create or replace a talent of the catalogue."""
         request = talent_pb2.UpsertTalentRequest(talent=talent)
-        return self._unary(self._talents, TALENTS, "UpsertTalent", request, timeout)
+        return self._unary(
+            self._talents.UpsertTalent, request, timeout, talent_pb2.UpsertTalentResponse
+        )
 
     def list_talents(
-        self, project_id: str = "", *, active_only: bool = False, timeout: float | None = None
+        self,
+        project_id: str = "",
+        *,
+        active_only: bool = False,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
     ) -> talent_pb2.ListTalentsResponse:
-        """The catalogue, or with `project_id` also which talents are active there."""
-        request = talent_pb2.ListTalentsRequest(project_id=project_id, active_only=active_only)
-        return self._unary(self._talents, TALENTS, "ListTalents", request, timeout)
+        """One page of the catalogue by id, or with `project_id` also which of the page's talents
+        are active there."""
+        request = rq.list_talents(
+            project_id, active_only=active_only, page_size=page_size, page_token=page_token
+        )
+        return self._unary(
+            self._talents.ListTalents, request, timeout, talent_pb2.ListTalentsResponse
+        )
+
+    def iter_talents(
+        self, project_id: str = "", *, active_only: bool = False, page_size: int = 0
+    ) -> Iterator[talent_pb2.Talent]:
+        """Every talent of the catalogue (or of a project's active set), page after page."""
+        token = ""
+        while True:
+            page = self.list_talents(
+                project_id, active_only=active_only, page_size=page_size, page_token=token
+            )
+            yield from page.talents
+            if not (token := page.next_page_token):
+                return
 
     def set_talent_activation(
         self, project_id: str, talent_id: str, active: bool = True, *, timeout: float | None = None
@@ -472,7 +548,12 @@ class SatchelClient:
         request = talent_pb2.SetTalentActivationRequest(
             project_id=project_id, talent_id=talent_id, active=active
         )
-        return self._unary(self._talents, TALENTS, "SetTalentActivation", request, timeout)
+        return self._unary(
+            self._talents.SetTalentActivation,
+            request,
+            timeout,
+            talent_pb2.SetTalentActivationResponse,
+        )
 
     def resolve_talents(
         self,
@@ -498,11 +579,15 @@ class SatchelClient:
             beta=beta,
             margin=margin,
         )
-        return self._unary(self._talents, TALENTS, "ResolveTalents", request, timeout)
+        return self._unary(
+            self._talents.ResolveTalents, request, timeout, talent_pb2.ResolveTalentsResponse
+        )
 
     def diagnose_project(
         self, project_id: str, roles: Iterable[str] = (), *, timeout: float | None = None
     ) -> talent_pb2.DiagnoseProjectResponse:
         """What is wrong with a project's talents (the doctor)."""
         request = talent_pb2.DiagnoseProjectRequest(project_id=project_id, roles=list(roles))
-        return self._unary(self._talents, TALENTS, "DiagnoseProject", request, timeout)
+        return self._unary(
+            self._talents.DiagnoseProject, request, timeout, talent_pb2.DiagnoseProjectResponse
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 from google.rpc import error_details_pb2
@@ -52,13 +53,15 @@ class SatchelError(Exception):
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> SatchelError:
         """Read a grpc (sync or aio) error and its `google.rpc.Status` details, if any."""
-        code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-        message: str = error.details() or ""  # type: ignore[attr-defined]
+        code: grpc.StatusCode = error.code()
+        message: str = error.details() or ""
         violations: list[FieldViolation] = []
         reason = domain = ""
         metadata: dict[str, str] = {}
         try:
-            status = rpc_status.from_call(error)  # type: ignore[arg-type]
+            # A failed call's error is its call (sync) or holds its code, details and trailing
+            # metadata (aio): what `from_call` reads.
+            status = rpc_status.from_call(cast(grpc.Call, error))
         except (ValueError, AttributeError):  # a status that contradicts the call's code
             status = None
         for detail in status.details if status is not None else ():

@@ -49,7 +49,7 @@ def value(data: Any) -> struct_pb2.Value:
     return json_format.ParseDict(data, struct_pb2.Value())
 
 
-def struct(data: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
+def struct(data: Mapping[str, Any] | struct_pb2.Struct | None) -> struct_pb2.Struct | None:
     """A JSON object as a `Struct`, None for None."""
     if data is None or isinstance(data, struct_pb2.Struct):
         return data
@@ -63,7 +63,10 @@ def relevance_mode(mode: str | int) -> talent_pb2.RelevanceMode:
             return RELEVANCE_MODES[mode]
         except KeyError:
             raise ValueError(f"relevance must be one of {sorted(RELEVANCE_MODES)}") from None
-    return talent_pb2.RelevanceMode.ValueType(mode)
+    for known in RELEVANCE_MODES.values():
+        if known == mode:
+            return known
+    raise ValueError(f"relevance must be one of {sorted(RELEVANCE_MODES.values())}, not {mode}")
 
 
 # --- ContextService -------------------------------------------------------------------------
@@ -206,6 +209,24 @@ def list_events(
     )
 
 
+def list_conflicts(
+    project_id: str,
+    subject_id: str,
+    *,
+    include_resolved: bool = False,
+    page_size: int = 0,
+    page_token: str = "",
+) -> memory_pb2.ListConflictsRequest:
+    """A ListConflictsRequest (`page_size` 0: the server's default)."""
+    return memory_pb2.ListConflictsRequest(
+        project_id=project_id,
+        subject_id=subject_id,
+        include_resolved=include_resolved,
+        page_size=page_size,
+        page_token=page_token,
+    )
+
+
 # --- TalentService --------------------------------------------------------------------------
 
 
@@ -230,4 +251,13 @@ def resolve_talents(
         floor=floor,
         beta=beta,
         margin=margin,
+    )
+
+
+def list_talents(
+    project_id: str = "", *, active_only: bool = False, page_size: int = 0, page_token: str = ""
+) -> talent_pb2.ListTalentsRequest:
+    """A ListTalentsRequest (`page_size` 0: the server's default)."""
+    return talent_pb2.ListTalentsRequest(
+        project_id=project_id, active_only=active_only, page_size=page_size, page_token=page_token
     )

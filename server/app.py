@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection as grpc_reflection
 
+from satchel.server import reflection
 from satchel.server.admission import FairAdmission
 from satchel.server.api.context import ContextServicer
 from satchel.server.api.memory import MemoryServicer
@@ -50,6 +51,12 @@ SERVICE_NAMES = (
     talent_pb2.DESCRIPTOR.services_by_name["TalentService"].full_name,
 )
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Health service names for orchestrators' probes (README "Production"). Readiness follows the
+# database and the model (as do "" and every satchel.v1 service name): route calls here or not.
+# Liveness follows the process only: SERVING from the moment the server listens until it shuts
+# down, so a database outage never makes a liveness probe restart every replica.
+READINESS_SERVICE = "satchel.readiness"
+LIVENESS_SERVICE = "satchel.liveness"
 
 
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
@@ -64,7 +71,7 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     refuses with RESOURCE_EXHAUSTED. HTTP/2 flow control bounds the bytes a waiting call holds.
     """
     backlog = 8 * settings.max_calls
-    return [
+    options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
@@ -73,6 +80,15 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests", backlog),
         ("grpc.server.max_pending_requests_hard_limit", backlog),
     ]
+    # Clients keep one HTTP/2 connection for good: without a maximum age, replicas added
+    # behind a load balancer never see the existing clients' calls (README "Production").
+    if settings.max_connection_age_seconds > 0:
+        age_ms = max(1, round(settings.max_connection_age_seconds * 1000))
+        options.append(("grpc.max_connection_age_ms", age_ms))
+        if settings.max_connection_age_grace_seconds > 0:
+            grace_ms = max(1, round(settings.max_connection_age_grace_seconds * 1000))
+            options.append(("grpc.max_connection_age_grace_ms", grace_ms))
+    return options
 
 
 class SatchelServer:
@@ -113,6 +129,7 @@ class SatchelServer:
 
     async def start(self) -> None:
         """Listen (NOT_SERVING), prepare database and model, then report SERVING."""
+        self.settings.require_embedded_database()  # before listening: fail fast
         # The telemetry interceptor (when enabled) is outermost: it sees every final status.
         telemetry = self.telemetry.interceptor()
         server = grpc.aio.server(
@@ -128,9 +145,11 @@ class SatchelServer:
         talent_pb2_grpc.add_TalentServiceServicer_to_server(TalentServicer(self.runtime), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+            (*SERVICE_NAMES, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME), server
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Alive as soon as the process runs; only the graceful shutdown turns it NOT_SERVING.
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self.port = self._add_port(server)
         await server.start()
         self._server = server
@@ -278,7 +297,9 @@ class SatchelServer:
             await asyncio.sleep(delay)
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
-        for name in ("", *SERVICE_NAMES):
+        """Set readiness: the overall status, `satchel.readiness` and each satchel.v1 service
+        (never liveness)."""
+        for name in ("", READINESS_SERVICE, *SERVICE_NAMES):
             await self.health.set(name, status)
 
     async def wait_for_termination(self) -> None:

@@ -60,6 +60,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     embedded = None
     dsn = settings.database_url
     if not dsn:
+        settings.require_embedded_database()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         embedded = EmbeddedPostgres(settings.data_dir)
         dsn = embedded.start()
@@ -74,7 +75,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 when the server at --address (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN)
-    reports SERVING (for container health checks)."""
+    reports SERVING for --service (default: overall readiness; for container health checks)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -84,7 +85,7 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with _health_channel(args, settings, target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=args.timeout
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
     except grpc.RpcError as exc:
         print(f"{target}: {exc.code().name}", file=sys.stderr)
@@ -140,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         "127.0.0.1:50051)",
     )
     check.add_argument("--timeout", type=float, default=3.0)
+    check.add_argument(
+        "--service",
+        default="",
+        help="health service name: '' or satchel.readiness (follows the database, default), "
+        "satchel.liveness (follows the process)",
+    )
     check.add_argument("--tls-ca", type=Path, help="CA file to trust (with SATCHEL_TLS_CERT)")
     check.set_defaults(func=cmd_healthcheck)
     return parser

@@ -141,6 +141,9 @@ class Settings:
     """Everything the server reads from its environment."""
 
     database_url: str | None = None
+    # false: SATCHEL_DATABASE_URL is required, never the embedded PostgreSQL (the production
+    # image sets it, and ships without the embedded server).
+    embedded_database: bool = True
     data_dir: Path = field(default_factory=_default_data_dir)
     listen: str = "127.0.0.1:50051"
     embed_model: str = DEFAULT_EMBED_MODEL
@@ -150,6 +153,11 @@ class Settings:
     db_pool_max: int = 10
     hnsw_ef_search: int = 100
     shutdown_grace_seconds: float = 10.0
+    # A connection older than this (gRPC adds +-10 % jitter) is sent GOAWAY: its client opens a
+    # new one for new calls, so replicas added behind a load balancer get traffic; 0: never.
+    # In-flight calls then get the grace (0: as long as they need) before it is closed.
+    max_connection_age_seconds: float = 300.0
+    max_connection_age_grace_seconds: float = 0.0
     # Reliability and security (README "Security" and "Operations").
     auth: str = ""  # required | disabled; empty: required unless listening on loopback only
     auth_cache_seconds: float = 5.0
@@ -274,6 +282,14 @@ class Settings:
             ),
             (self.db_probe_seconds > 0, "SATCHEL_DB_PROBE_SECONDS must be positive"),
             (
+                0 <= self.max_connection_age_seconds < 1e9,
+                "SATCHEL_MAX_CONNECTION_AGE_SECONDS must be in [0, 1e9) (0: never)",
+            ),
+            (
+                0 <= self.max_connection_age_grace_seconds < 1e9,
+                "SATCHEL_MAX_CONNECTION_AGE_GRACE_SECONDS must be in [0, 1e9) (0: no limit)",
+            ),
+            (
                 not self.metrics_listen or is_address(self.metrics_listen),
                 "SATCHEL_METRICS_LISTEN must be host:port with a port in 0-65535 (or empty: off)",
             ),
@@ -293,6 +309,14 @@ class Settings:
         if self.embed_model_path is not None and not self.embed_model_path.is_dir():
             raise ConfigError(
                 f"SATCHEL_EMBED_MODEL_PATH {self.embed_model_path} is not a directory"
+            )
+
+    def require_embedded_database(self) -> None:
+        """Raise ConfigError when no DSN is set and the embedded PostgreSQL is not allowed."""
+        if not self.database_url and not self.embedded_database:
+            raise ConfigError(
+                "SATCHEL_DATABASE_URL is required: this installation runs no embedded"
+                " PostgreSQL (SATCHEL_EMBEDDED_DATABASE=false)"
             )
 
     def active_calls(self) -> int:

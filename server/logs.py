@@ -1,4 +1,10 @@
-"""structlog configuration: JSON lines (default) or a console rendering."""
+"""structlog configuration: JSON lines (default) or a console rendering.
+
+Every line goes through structlog: satchel's own, and stdlib `logging` records (gRPC's Python
+`grpc.*` loggers, psycopg, onnxruntime…) rendered by the same processors with a `logger` key.
+While an OpenTelemetry span is current (SATCHEL_OTEL not `off`), each line carries its
+`trace_id` and `span_id` (W3C hex, as exporters and log backends expect).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import sys
 import threading
 
 import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
 
 _WRITE_LOCK = threading.Lock()
 
@@ -26,24 +33,70 @@ class _StderrLogger:
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
+class _StructlogHandler(logging.Handler):
+    """The root logger's handler: stdlib records rendered by structlog, written as above."""
+
+    def __init__(self, formatter: logging.Formatter) -> None:
+        super().__init__()
+        self.setFormatter(formatter)
+        self._out = _StderrLogger()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._out.msg(self.format(record))
+        except Exception:  # never let logging raise into the caller
+            self.handleError(record)
+
+
+def add_otel_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Add the current OpenTelemetry span's `trace_id` and `span_id`, when there is one.
+
+    OpenTelemetry is never imported here: with spans off it is not loaded and this costs a
+    dictionary lookup.
+    """
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return event_dict
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        event_dict.setdefault("trace_id", format(context.trace_id, "032x"))
+        event_dict.setdefault("span_id", format(context.span_id, "016x"))
+    return event_dict
+
+
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
-    """Route structlog (and stdlib logging) to stderr in the chosen format."""
+    """Route structlog and stdlib logging (gRPC's `grpc` loggers among them) to stderr in the
+    chosen format. Stdlib records below WARNING are dropped (libraries' chatter) unless the level
+    is stricter still."""
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-    renderer = (
+    renderer: Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        add_otel_ids,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=lambda *args: _StderrLogger(),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # configured again (tests, commands): replace ours
+        if isinstance(handler, _StructlogHandler):
+            root.removeHandler(handler)
+    root.addHandler(_StructlogHandler(formatter))
+    root.setLevel(max(numeric, logging.WARNING))

@@ -444,14 +444,26 @@ async def list_events(
 
 
 async def list_conflicts(
-    runtime: Runtime, *, project_id: str, subject_id: str, include_resolved: bool, limit: int
-) -> list[ConflictRow]:
-    """Conflicts of a scope, newest first."""
+    runtime: Runtime,
+    *,
+    project_id: str,
+    subject_id: str,
+    include_resolved: bool,
+    opened_by: datetime | None,
+    before: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> tuple[list[ConflictRow], datetime]:
+    """A page of conflicts, newest first, and the instant the listing is pinned to
+    (`opened_by`, or the database's now when None)."""
     async with runtime.pool.connection() as conn:
-        return await store.list_conflicts(
+        instant = opened_by or await store.database_now(conn)
+        rows = await store.list_conflicts(
             conn,
             project_id=project_id,
             subject_id=subject_id,
             include_resolved=include_resolved,
+            opened_by=instant,
+            before=before,
             limit=limit,
         )
+    return rows, instant

@@ -372,12 +372,21 @@ class TalentService:
             return await storage.upsert_talent(conn, record)
 
     async def list_talents(
-        self, project_id: str = "", active_only: bool = False
+        self,
+        project_id: str = "",
+        active_only: bool = False,
+        *,
+        after_id: str | None = None,
+        limit: int | None = None,
     ) -> tuple[list[TalentRecord], list[str]]:
-        """The catalogue (or a project's active set) and the ids active on the project."""
+        """A page of the catalogue (or of a project's active set), by id after `after_id`, and
+        the ids of that page active on the project."""
         async with self.runtime.pool.connection() as conn:
-            talents = await storage.list_talents(conn, project_id or None, active_only)
-            active = await storage.active_talent_ids(conn, project_id) if project_id else []
+            talents = await storage.list_talents(
+                conn, project_id or None, active_only, after_id=after_id, limit=limit
+            )
+            among = [t.id for t in talents]
+            active = await storage.active_talent_ids(conn, project_id, among) if project_id else []
         return talents, active
 
     async def set_activation(self, project_id: str, talent_id: str, active: bool) -> bool:

@@ -13,9 +13,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+
+# go-grpc-prometheus's grpc_type label, by grpc method handler attribute.
+GRPC_TYPES = {
+    "unary_unary": "unary",
+    "unary_stream": "server_stream",
+    "stream_unary": "client_stream",
+    "stream_stream": "bidi_stream",
+}
 
 if TYPE_CHECKING:
     from satchel.server.config import Settings
@@ -129,20 +138,24 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
             inner = getattr(handler, attribute)
             if inner is not None:
                 wrap = self._wrap_stream if streams else self._wrap_unary
+                rpc = _Rpc(service, method, GRPC_TYPES[attribute])
                 return make(
-                    wrap(service, method, inner),
+                    wrap(rpc, inner),
                     request_deserializer=handler.request_deserializer,
                     response_serializer=handler.response_serializer,
                 )
         return handler
 
     @contextmanager
-    def _measure(self, service: str, method: str, context: grpc.aio.ServicerContext) -> Iterator:
+    def _measure(self, rpc: _Rpc, context: grpc.aio.ServicerContext) -> Iterator:
         metrics, tracing = self._telemetry.metrics, self._telemetry.tracing
+        service, method = rpc.service, rpc.method
         started = time.perf_counter()
         code = "UNKNOWN"
         if metrics is not None:
-            metrics.rpc_started(service, method)
+            metrics.rpc_started(service, method, rpc.kind)
+            if rpc.kind in ("unary", "server_stream"):  # the request is already read
+                metrics.rpc_message(service, method, rpc.kind, sent=False)
         span = tracing.rpc_span(service, method, context) if tracing is not None else nullcontext()
         try:
             with span as current:
@@ -158,19 +171,36 @@ class TelemetryInterceptor(grpc.aio.ServerInterceptor):
                         tracing.end_rpc(current, code)
         finally:
             if metrics is not None:
-                metrics.rpc_finished(service, method, code, time.perf_counter() - started)
+                elapsed = time.perf_counter() - started
+                metrics.rpc_finished(service, method, rpc.kind, code, elapsed)
 
-    def _wrap_unary(self, service: str, method: str, inner: Callable[..., Any]) -> Callable:
+    def _sent(self, rpc: _Rpc) -> None:
+        if self._telemetry.metrics is not None:
+            self._telemetry.metrics.rpc_message(rpc.service, rpc.method, rpc.kind, sent=True)
+
+    def _wrap_unary(self, rpc: _Rpc, inner: Callable[..., Any]) -> Callable:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with self._measure(service, method, context):
-                return await inner(request, context)
+            with self._measure(rpc, context):
+                reply = await inner(request, context)
+                self._sent(rpc)
+                return reply
 
         return behaviour
 
-    def _wrap_stream(self, service: str, method: str, inner: Callable[..., Any]) -> Callable:
+    def _wrap_stream(self, rpc: _Rpc, inner: Callable[..., Any]) -> Callable:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with self._measure(service, method, context):
+            with self._measure(rpc, context):
                 async for message in inner(request, context):
                     yield message
+                    self._sent(rpc)
 
         return behaviour
+
+
+@dataclass(frozen=True, slots=True)
+class _Rpc:
+    """One method as the metrics label it."""
+
+    service: str
+    method: str
+    kind: str  # go-grpc-prometheus grpc_type: unary, server_stream, client_stream, bidi_stream

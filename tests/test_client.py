@@ -5,6 +5,7 @@ WatchTraces). The sync client always runs in a thread: the servers share this ev
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 from satchel.client import (
+    IDEMPOTENT_READS,
     AsyncSatchelClient,
     FieldViolation,
     RetryPolicy,
@@ -24,6 +26,7 @@ from satchel.client import (
     SatchelError,
     event_request,
     fact_request,
+    service_config,
 )
 from satchel.v1 import (
     context_pb2,
@@ -411,9 +414,58 @@ async def test_no_retry_policy_and_retries_stay_within_the_deadline(
     slow = RetryPolicy(max_attempts=10, initial_backoff=5, max_backoff=5)
     async with AsyncSatchelClient(address, retry=slow, timeout=0.5) as client:
         started = time.monotonic()
-        with pytest.raises(SatchelError):
+        with pytest.raises(SatchelError) as late:
             await client.list_conflicts("p", SUBJECT)
         assert time.monotonic() - started < 2.5  # never sleeps past the deadline
+        assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_retries_are_grpcs_own_and_writes_are_not_retried_even_with_a_key(
+    fake: tuple[str, Recorder],
+) -> None:
+    """gRPC retries the read (its retry attempt carries `grpc-previous-rpc-attempts`); a write
+    that carries an idempotency key is still not retried: the caller repeats it with the key."""
+    address, recorder = fake
+    async with AsyncSatchelClient(address, retry=FAST_RETRY) as client:
+        await client.list_facts("p", SUBJECT)
+        with pytest.raises(SatchelError):
+            await client.assert_fact("p", SUBJECT, "x", "y", idempotency_key="k-1")
+    assert recorder.calls["ListFacts"] == 2 and recorder.calls["AssertFact"] == 1
+    first, retry = recorder.metadata[:2]
+    assert "grpc-previous-rpc-attempts" not in first
+    assert retry["grpc-previous-rpc-attempts"] == "1"
+
+
+async def test_a_service_config_of_the_callers_own_wins(fake: tuple[str, Recorder]) -> None:
+    address, recorder = fake
+    options = [("grpc.service_config", json.dumps({"methodConfig": []}))]
+    async with AsyncSatchelClient(address, retry=FAST_RETRY, options=options) as client:
+        with pytest.raises(SatchelError) as failed:
+            await client.list_facts("p", SUBJECT)
+    assert failed.value.message == "warming up" and recorder.calls["ListFacts"] == 1
+
+
+def test_service_config_is_plain_json_naming_only_the_idempotent_reads() -> None:
+    config = json.loads(json.dumps(service_config(FAST_RETRY)))
+    (method_config,) = config["methodConfig"]
+    named = {f"/{n['service']}/{n['method']}" for n in method_config["name"]}
+    assert named == IDEMPOTENT_READS
+    assert not any(n.endswith(("/AssertFact", "/RecordEvent", "/AssembleContext")) for n in named)
+    assert method_config["retryPolicy"] == {
+        "maxAttempts": 4,
+        "initialBackoff": "0.01s",
+        "maxBackoff": "0.05s",
+        "backoffMultiplier": 2.0,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    assert service_config()["methodConfig"][0]["retryPolicy"]["initialBackoff"] == "0.1s"
+    assert "retryPolicy" not in service_config(RetryPolicy(max_attempts=1))["methodConfig"][0]
+    capped = service_config(RetryPolicy(max_attempts=10))["methodConfig"][0]["retryPolicy"]
+    assert capped["maxAttempts"] == 5  # gRPC's ceiling
+    with pytest.raises(ValueError):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(retryable_codes=frozenset())
 
 
 async def test_every_call_has_a_default_deadline(fake: tuple[str, Recorder]) -> None:
@@ -495,3 +547,14 @@ async def test_the_sdk_imports_no_cli_or_server_module() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_relevance_mode_accepts_names_and_known_enum_values_only() -> None:
+    from satchel.client import requests as rq
+
+    assert rq.relevance_mode("embeddings") == talent_pb2.RELEVANCE_MODE_EMBEDDINGS
+    assert rq.relevance_mode(talent_pb2.RELEVANCE_MODE_OFF) == talent_pb2.RELEVANCE_MODE_OFF
+    with pytest.raises(ValueError):
+        rq.relevance_mode(7)
+    with pytest.raises(ValueError):
+        rq.relevance_mode("sometimes")

@@ -10,6 +10,8 @@ import zipfile
 from importlib.resources import files
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -28,11 +30,45 @@ def test_buf_format_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_no_breaking_change_against_main() -> None:
-    has_main = _run("git", "rev-parse", "--verify", "--quiet", "main:proto")
-    assert has_main.returncode == 0, "the branch main (with proto/) is the baseline"
-    result = _run(str(BIN / "buf"), "breaking", "--against", ".git#branch=main")
+RELEASED = ROOT / "proto" / "released" / "satchel-v1.binpb"
+"""The committed image of the released contract (moved deliberately by scripts/release-contract)."""
+
+
+def _breaking(module: Path) -> subprocess.CompletedProcess[str]:
+    """`buf breaking` of the module at `module` (a directory holding buf.yaml) against RELEASED."""
+    return _run(str(BIN / "buf"), "breaking", "--against", str(RELEASED), cwd=module)
+
+
+def test_no_breaking_change_against_the_released_contract() -> None:
+    assert RELEASED.is_file(), "the released contract's image is the baseline"
+    result = _breaking(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+BREAKING_EDITS = {
+    "field type": ("context.proto", "  string query = 3;\n", "  int64 query = 3;\n"),
+    "field deleted": ("memory.proto", "  string note = 6;\n", "  reserved 6;\n"),
+    "rpc deleted": (
+        "talent.proto",
+        "  rpc DiagnoseProject(DiagnoseProjectRequest) returns (DiagnoseProjectResponse);\n",
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(BREAKING_EDITS))
+def test_breaking_check_fails_on_a_breaking_change(tmp_path: Path, edit: str) -> None:
+    """The check can fail: a scratch copy of proto/ with one breaking edit is refused."""
+    name, old, new = BREAKING_EDITS[edit]
+    shutil.copytree(ROOT / "proto", tmp_path / "proto")
+    shutil.copy(ROOT / "buf.yaml", tmp_path / "buf.yaml")
+    path = tmp_path / "proto" / "satchel" / "v1" / name
+    text = path.read_text()
+    assert old in text, f"{edit}: the edit no longer applies to {name}"
+    path.write_text(text.replace(old, new, 1))
+    result = _breaking(tmp_path)
+    assert result.returncode != 0, f"{edit} passed the breaking check"
+    assert name in result.stdout, result.stdout + result.stderr
 
 
 def test_stubs_are_reproducible_from_proto(tmp_path: Path) -> None:

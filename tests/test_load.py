@@ -1,4 +1,5 @@
-"""The load tools: benchmarks/load.py against the real server, and the ghz configurations."""
+"""The load tools: benchmarks/load.py against the real server, and the ghz configurations
+(each call a method of the committed descriptor set, its data that method's request)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
-import satchel.v1.context_pb2  # noqa: F401  (registers the descriptors)
+import satchel.v1.context_pb2
+import satchel.v1.talent_pb2  # noqa: F401
+from satchel.server.reflection import find_file_containing_symbol
 
 ROOT = Path(__file__).resolve().parent.parent
 LOAD = ROOT / "benchmarks" / "load.py"
@@ -74,12 +77,47 @@ async def test_load_driver_stays_on_loopback_and_bounded() -> None:
     assert unbounded.returncode == 2 and "--workers" in unbounded.stderr
 
 
-@pytest.mark.parametrize("name", ["ghz.json", "ghz-stream.json"])
+GHZ_CONFIGS = sorted(p.name for p in (ROOT / "benchmarks").glob("ghz*.json"))
+DESCRIPTOR_SET = ROOT / "proto" / "satchel.binpb"
+HOT_PATHS = {
+    "satchel.v1.ContextService.AssembleContext",
+    "satchel.v1.ContextService.StreamContext",
+    "satchel.v1.TalentService.ResolveTalents",
+}
+
+
+def _descriptor_set_pool() -> descriptor_pool.DescriptorPool:
+    """A pool holding the committed descriptor set alone (what `ghz --protoset` loads)."""
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes()).file:
+        pool.Add(file)  # files come dependencies first, as buf writes them
+    return pool
+
+
+def _method_name(call: str) -> str:
+    """ghz's `package.Service.Method` or `package.Service/Method`, as a full name."""
+    return call.replace("/", ".")
+
+
+@pytest.mark.parametrize("name", GHZ_CONFIGS)
 def test_ghz_configuration_matches_the_contract(name: str) -> None:
     config = json.loads((ROOT / "benchmarks" / name).read_text())
-    service, _, method = config["call"].rpartition(".")
-    found = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(method)
+    method = _method_name(config["call"])
+    if "protoset" in config:  # relative to the repository root, where ghz is run from
+        assert (ROOT / config["protoset"]).resolve() == DESCRIPTOR_SET
+        assert "proto" not in config  # ghz: --proto would take precedence
+    else:  # through reflection: the server resolves the method symbol (tests/test_reflection.py)
+        assert find_file_containing_symbol(descriptor_pool.Default(), method)
+    found = _descriptor_set_pool().FindMethodByName(method)
+    assert found.full_name == method
     request = message_factory.GetMessageClass(found.input_type)()
     json_format.ParseDict(config["data"], request)  # every field exists, with its type
     assert config["host"].startswith("127.0.0.1:") and config["insecure"] is True
     assert config["concurrency"] > 0 and config["total"] > 0
+
+
+def test_every_hot_path_has_a_reflection_and_a_protoset_configuration() -> None:
+    configs = [json.loads((ROOT / "benchmarks" / n).read_text()) for n in GHZ_CONFIGS]
+    for uses_protoset in (False, True):
+        calls = {_method_name(c["call"]) for c in configs if ("protoset" in c) == uses_protoset}
+        assert calls >= HOT_PATHS, (uses_protoset, HOT_PATHS - calls)

@@ -486,6 +486,108 @@ async def test_page_token_is_bound_to_its_listing(
 # --- conflicts -------------------------------------------------------------------------------
 
 
+async def _open_conflicts(api: Any, project_id: str, count: int) -> list[str]:
+    """Open `count` conflicts of two fresh facts each, one after the other; their ids in order."""
+    batch = memory_pb2.BatchAssertFactsRequest(
+        requests=[fact_request(project_id, predicate="city", value=i) for i in range(2 * count)]
+    )
+    facts = [f.id for f in (await api.BatchAssertFacts(batch)).facts]
+    opened = []
+    for i in range(count):
+        request = memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id="user-1", fact_ids=facts[2 * i : 2 * i + 2]
+        )
+        opened.append((await api.OpenConflict(request)).conflict.id)
+    return opened
+
+
+async def test_list_conflicts_pages(channel: grpc.aio.Channel, project_id: str) -> None:
+    api = stub(channel)
+    opened = await _open_conflicts(api, project_id, 7)
+    request = memory_pb2.ListConflictsRequest(
+        project_id=project_id, subject_id="user-1", page_size=3
+    )
+    pages: list[list[memory_pb2.Conflict]] = []
+    while True:
+        page = await api.ListConflicts(request)
+        pages.append(list(page.conflicts))
+        if len(pages) == 1:  # opened while paging: newer than the first page, never listed later
+            (late,) = await _open_conflicts(api, project_id, 1)
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    assert [len(p) for p in pages] == [3, 3, 1]
+    listed = [c for p in pages for c in p]
+    assert [c.id for c in listed] == opened[::-1], "newest opened_at first, each once"
+    keys = [(c.opened_at.ToDatetime(), uuid.UUID(c.id)) for c in listed]
+    assert keys == sorted(keys, reverse=True)
+
+    await api.ResolveConflict(
+        memory_pb2.ResolveConflictRequest(
+            project_id=project_id,
+            conflict_id=opened[0],
+            winning_fact_id=listed[-1].fact_ids[0],
+        )
+    )
+    everything = await api.ListConflicts(
+        memory_pb2.ListConflictsRequest(
+            project_id=project_id, subject_id="user-1", include_resolved=True, page_size=5000
+        )
+    )
+    assert [c.id for c in everything.conflicts] == [late, *opened[::-1]]
+    assert not everything.next_page_token
+    default = await api.ListConflicts(
+        memory_pb2.ListConflictsRequest(project_id=project_id, subject_id="user-1")
+    )
+    assert [c.id for c in default.conflicts] == [late, *opened[:0:-1]], "open ones only"
+    assert not default.next_page_token
+
+
+async def test_list_conflicts_refuses_bad_page_tokens_and_sizes(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    api = stub(channel)
+    await _open_conflicts(api, project_id, 2)
+    page = await api.ListConflicts(
+        memory_pb2.ListConflictsRequest(project_id=project_id, subject_id="user-1", page_size=1)
+    )
+    assert len(page.conflicts) == 1 and page.next_page_token
+    facts = await api.ListFacts(
+        memory_pb2.ListFactsRequest(project_id=project_id, subject_id="user-1", page_size=1)
+    )
+    for request in (
+        memory_pb2.ListConflictsRequest(
+            project_id=project_id,
+            subject_id="user-1",
+            include_resolved=True,
+            page_token=page.next_page_token,
+        ),
+        memory_pb2.ListConflictsRequest(
+            project_id=project_id, subject_id="user-2", page_token=page.next_page_token
+        ),
+        memory_pb2.ListConflictsRequest(
+            project_id=project_id, subject_id="user-1", page_token=facts.next_page_token
+        ),
+        *(
+            memory_pb2.ListConflictsRequest(
+                project_id=project_id, subject_id="user-1", page_token=token
+            )
+            for token in ["not a token", *_forged_tokens(page.next_page_token)]
+        ),
+    ):
+        code, violations, _ = await expect_error(api.ListConflicts(request))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert fields_of(violations) == ["page_token"], request
+    code, violations, _ = await expect_error(
+        api.ListConflicts(
+            memory_pb2.ListConflictsRequest(
+                project_id=project_id, subject_id="user-1", page_size=-1
+            )
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fields_of(violations) == ["page_size"]
+
+
 async def test_conflict_lifecycle(channel: grpc.aio.Channel, project_id: str, pg_dsn: str) -> None:
     api = stub(channel)
     paris = (await api.AssertFact(fact_request(project_id, predicate="city", value="Paris"))).fact

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +19,12 @@ from satchel.server.config import ConfigError, Settings
 from satchel.v1 import context_pb2 as pb
 
 CONTEXT = "satchel.v1.ContextService"
+HANDLED = "grpc_server_handled_total"
+
+
+def _rpc(method: str, kind: str, **more: str) -> dict[str, str]:
+    """go-grpc-prometheus labels of a ContextService method."""
+    return {"grpc_type": kind, "grpc_service": CONTEXT, "grpc_method": method, **more}
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -76,41 +83,44 @@ async def test_metrics_and_spans_after_some_calls(
             samples = await asyncio.to_thread(_scrape, observed.metrics_port)
             assert _value(samples, "satchel_watch_streams") == 1
             watching.cancel()
-            cancelled = {"service": CONTEXT, "method": "WatchTraces", "code": "CANCELLED"}
+            cancelled = _rpc("WatchTraces", "server_stream", grpc_code="CANCELLED")
             for _ in range(100):  # the server learns of the cancellation asynchronously
                 samples = await asyncio.to_thread(_scrape, observed.metrics_port)
-                if _value(samples, "satchel_rpc_handled_total", **cancelled) == 1:
+                if _value(samples, HANDLED, **cancelled) == 1:
                     break
                 await asyncio.sleep(0.05)
 
         samples = await asyncio.to_thread(_scrape, observed.metrics_port)
-        handled = "satchel_rpc_handled_total"
-        assert _value(samples, handled, service=CONTEXT, method="AssembleContext", code="OK") == 2
-        assert _value(samples, handled, service=CONTEXT, method="StreamContext", code="OK") == 1
-        assert (
-            _value(
-                samples, handled, service=CONTEXT, method="AssembleContext", code="INVALID_ARGUMENT"
-            )
-            == 1
+        assemble, stream = _rpc("AssembleContext", "unary"), _rpc("StreamContext", "server_stream")
+        # go-grpc-prometheus's names and labels, which dashboards query.
+        assert _value(samples, "grpc_server_started_total", **assemble) == 3
+        assert _value(samples, HANDLED, **assemble, grpc_code="OK") == 2
+        assert _value(samples, HANDLED, **assemble, grpc_code="INVALID_ARGUMENT") == 1
+        assert _value(samples, HANDLED, **stream, grpc_code="OK") == 1
+        assert _value(samples, "grpc_server_handling_seconds_count", **assemble) == 3
+        assert _value(samples, "grpc_server_handling_seconds_sum", **assemble) > 0
+        buckets = sorted(
+            float(dict(labels)["le"])
+            for name, labels in samples
+            if name == "grpc_server_handling_seconds_bucket"
+            and dict(labels)["grpc_method"] == "AssembleContext"
         )
-        assert (
-            _value(
-                samples,
-                "satchel_rpc_duration_seconds_count",
-                service=CONTEXT,
-                method="AssembleContext",
-                code="OK",
-            )
-            == 2
-        )
+        fine = [b for b in buckets if 0.005 <= b <= 0.25]
+        assert len(fine) >= 12 and max(b / a for a, b in itertools.pairwise(fine)) <= 2.0
+        assert _value(samples, "grpc_server_handling_seconds_bucket", **assemble, le="+Inf") == 3
+        assert _value(samples, "grpc_server_msg_received_total", **assemble) == 3
+        assert _value(samples, "grpc_server_msg_sent_total", **assemble) == 2  # OK replies
+        assert _value(samples, "grpc_server_msg_sent_total", **stream) == len(streamed)
         assert _value(
             samples,
-            "satchel_rpc_handled_total",
-            service="satchel.v1.MemoryService",
-            method="AssertFact",
-            code="OK",
+            HANDLED,
+            grpc_type="unary",
+            grpc_service="satchel.v1.MemoryService",
+            grpc_method="AssertFact",
+            grpc_code="OK",
         ) == len(CAROLINE)
-        assert _value(samples, handled, **cancelled) == 1
+        assert not any(name.startswith("satchel_rpc_handled") for name, _ in samples)
+        assert _value(samples, HANDLED, **cancelled) == 1
         assert _value(samples, "satchel_watch_streams") == 0
         for phase in ("embed", "retrieve", "pack", "total"):
             assert _value(samples, "satchel_context_phase_seconds_count", phase=phase) == 3

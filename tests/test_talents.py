@@ -21,7 +21,7 @@ from talent_helpers import (
 )
 
 from satchel.server.talents import model_defaults
-from satchel.v1 import talent_pb2
+from satchel.v1 import talent_pb2, talent_pb2_grpc
 
 OFF = talent_pb2.RELEVANCE_MODE_OFF
 EMBEDDINGS = talent_pb2.RELEVANCE_MODE_EMBEDDINGS
@@ -112,6 +112,24 @@ async def seed_catalogue(channel: grpc.aio.Channel, project_id: str) -> dict[str
 SEED_TASK = "Implement the UpdateProject use case following the hexagonal architecture"
 
 
+async def list_all(
+    talents: talent_pb2_grpc.TalentServiceStub, page_size: int = 0, **fields: object
+) -> tuple[list[talent_pb2.Talent], list[str], int]:
+    """Every page of a ListTalents listing: the talents, the active ids and the page count."""
+    request = talent_pb2.ListTalentsRequest(page_size=page_size, **fields)
+    listed: list[talent_pb2.Talent] = []
+    active: list[str] = []
+    pages = 0
+    while True:
+        page = await talents.ListTalents(request)
+        pages += 1
+        listed += page.talents
+        active += page.active_talent_ids
+        if not page.next_page_token:
+            return listed, active, pages
+        request.page_token = page.next_page_token
+
+
 # --- catalogue ---------------------------------------------------------------------------------
 
 
@@ -147,8 +165,8 @@ async def test_upsert_creates_then_replaces_with_edges_in_order(
     assert list(second.talent.includes) == [] and list(second.talent.tags) == []
     assert second.talent.updated_at.ToDatetime() >= first.talent.updated_at.ToDatetime()
 
-    listed = await talents.ListTalents(talent_pb2.ListTalentsRequest())
-    stored = next(t for t in listed.talents if t.id == talent_id)
+    listed, _, _ = await list_all(talents)
+    stored = next(t for t in listed if t.id == talent_id)
     assert stored.name == "Hexagonal v2" and list(stored.requires) == ["a.first"]
 
 
@@ -166,8 +184,8 @@ async def test_upsert_refuses_self_edges_with_field_violations(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await upsert(talents, talent_id, recommends=[talent_id])
     assert set(field_violations(caught.value)) == {"talent.recommends"}
-    listed = await talents.ListTalents(talent_pb2.ListTalentsRequest())
-    assert talent_id not in {t.id for t in listed.talents}
+    listed, _, _ = await list_all(talents)
+    assert talent_id not in {t.id for t in listed}
 
 
 async def test_upsert_validates_every_field_at_once(channel: grpc.aio.Channel) -> None:
@@ -225,10 +243,10 @@ async def test_list_talents_catalogue_and_project_active_set(
     await activate(talents, project_id, ids[:2])
     await activate(talents, project_id, ids[:1], active=False)
 
-    everything = await talents.ListTalents(talent_pb2.ListTalentsRequest(project_id=project_id))
-    listed = [t.id for t in everything.talents]
+    everything, active_ids, _ = await list_all(talents, project_id=project_id)
+    listed = [t.id for t in everything]
     assert set(ids) <= set(listed) and listed == sorted(listed)
-    assert list(everything.active_talent_ids) == [f"{project_id}.a"]
+    assert active_ids == [f"{project_id}.a"]
 
     active = await talents.ListTalents(
         talent_pb2.ListTalentsRequest(project_id=project_id, active_only=True)
@@ -243,6 +261,69 @@ async def test_list_talents_catalogue_and_project_active_set(
         await talents.ListTalents(talent_pb2.ListTalentsRequest(active_only=True))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert set(field_violations(caught.value)) == {"project_id"}
+
+
+async def test_list_talents_pages_by_id(channel: grpc.aio.Channel, project_id: str) -> None:
+    talents = stub(channel)
+    ids = [f"{project_id}.t{i}" for i in range(7)]
+    for talent_id in reversed(ids):
+        await upsert(talents, talent_id)
+    await activate(talents, project_id, ids[:5])
+
+    request = talent_pb2.ListTalentsRequest(project_id=project_id, active_only=True, page_size=2)
+    pages: list[list[str]] = []
+    while True:
+        page = await talents.ListTalents(request)
+        pages.append([t.id for t in page.talents])
+        assert list(page.active_talent_ids) == pages[-1], "the page's active ids"
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    assert pages == [ids[0:2], ids[2:4], ids[4:5]]
+
+    everything, active, pages_read = await list_all(talents, page_size=3, project_id=project_id)
+    listed = [t.id for t in everything]
+    assert len(listed) == len(set(listed)) and listed == sorted(listed)
+    assert set(ids) <= set(listed) and active == ids[:5]
+    assert pages_read == math.ceil(len(listed) / 3)
+    whole = await talents.ListTalents(talent_pb2.ListTalentsRequest(page_size=5000))
+    assert len(whole.talents) == min(len(listed), 1000)
+    assert bool(whole.next_page_token) == (len(listed) > 1000)
+
+
+async def test_list_talents_refuses_bad_page_tokens_and_sizes(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    talents = stub(channel)
+    ids = [f"{project_id}.t{i}" for i in range(2)]
+    for talent_id in ids:
+        await upsert(talents, talent_id)
+    await activate(talents, project_id, ids)
+    page = await talents.ListTalents(
+        talent_pb2.ListTalentsRequest(project_id=project_id, active_only=True, page_size=1)
+    )
+    token = page.next_page_token
+    assert token
+    document, _, tag = token.partition(".")
+    for request in (
+        talent_pb2.ListTalentsRequest(project_id=project_id, page_token=token),
+        talent_pb2.ListTalentsRequest(page_token=token),
+        talent_pb2.ListTalentsRequest(
+            project_id=f"{project_id}-other", active_only=True, page_token=token
+        ),
+        talent_pb2.ListTalentsRequest(page_token="not a token"),
+        talent_pb2.ListTalentsRequest(page_token=f"{document}.{tag[::-1]}"),
+        talent_pb2.ListTalentsRequest(page_token=document),
+        talent_pb2.ListTalentsRequest(page_token="A" * 2000),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await talents.ListTalents(request)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert set(field_violations(caught.value)) == {"page_token"}, request
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await talents.ListTalents(talent_pb2.ListTalentsRequest(page_size=-1))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(field_violations(caught.value)) == {"page_size"}
 
 
 # --- relevance off ----------------------------------------------------------------------------

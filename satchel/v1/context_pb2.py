@@ -26,19 +26,24 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18satchel/v1/context.proto\x12\nsatchel.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n\nPacketFact\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12.\n\nvalid_from\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\x07 \x03(\t\"q\n\rPacketEpisode\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\"\xe1\x01\n\rContextPacket\x12%\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x16.satchel.v1.PacketFact\x12+\n\x08\x65pisodes\x18\x02 \x03(\x0b\x32\x19.satchel.v1.PacketEpisode\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12(\n\x06status\x18\x04 \x01(\x0e\x32\x18.satchel.v1.PacketStatus\x12\x14\n\x0c\x65mpty_reason\x18\x05 \x01(\t\x12\x15\n\rbudget_tokens\x18\x06 \x01(\x05\x12\x13\n\x0btokens_used\x18\x07 \x01(\x05\"\xa5\x02\n\x08\x44\x65\x63ision\x12\x10\n\x08sequence\x18\x01 \x01(\x05\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\x31\n\x0e\x63\x61ndidate_kind\x18\x03 \x01(\x0e\x32\x19.satchel.v1.CandidateKind\x12,\n\x07outcome\x18\x04 \x01(\x0e\x32\x1b.satchel.v1.DecisionOutcome\x12\x13\n\x0breason_code\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x12\n\nsimilarity\x18\x07 \x01(\x01\x12\x11\n\ttext_rank\x18\x08 \x01(\x01\x12\x0f\n\x07recency\x18\t \x01(\x01\x12\x0e\n\x06tokens\x18\n \x01(\x05\x12\x13\n\x0b\x62udget_used\x18\x0b \x01(\x05\x12\x0f\n\x07preview\x18\x0c \x01(\t\"X\n\x0cTraceTimings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x01\x12\x13\n\x0bretrieve_ms\x18\x02 \x01(\x01\x12\x0f\n\x07pack_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xfd\x02\n\x05Trace\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\r\n\x05query\x18\x04 \x01(\t\x12\x15\n\rbudget_tokens\x18\x05 \x01(\x05\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\tdecisions\x18\x07 \x03(\x0b\x32\x14.satchel.v1.Decision\x12(\n\x06status\x18\x08 \x01(\x0e\x32\x18.satchel.v1.PacketStatus\x12\x10\n\x08warnings\x18\t \x03(\t\x12\x14\n\x0c\x65mpty_reason\x18\n \x01(\t\x12)\n\x07timings\x18\x0b \x01(\x0b\x32\x18.satchel.v1.TraceTimings\x12)\n\x05\x61s_of\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_used\x18\r \x01(\x05\"\xd4\x01\n\x16\x41ssembleContextRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12)\n\x05\x61s_of\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cmax_distance\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x0f\n\r_max_distance\"V\n\x17\x41ssembleContextResponse\x12)\n\x06packet\x18\x01 \x01(\x0b\x32\x19.satchel.v1.ContextPacket\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"\xf5\x01\n\x14StreamContextRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12)\n\x05\x61s_of\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cmax_distance\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12!\n\x19max_decisions_per_message\x18\x07 \x01(\rB\x10\n\x0e_budget_tokensB\x0f\n\r_max_distance\"8\n\rDecisionBatch\x12\'\n\tdecisions\x18\x01 \x03(\x0b\x32\x14.satchel.v1.Decision\"\xb9\x01\n\x15StreamContextResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x14.satchel.v1.DecisionH\x00\x12+\n\x06packet\x18\x03 \x01(\x0b\x32\x19.satchel.v1.ContextPacketH\x00\x12.\n\tdecisions\x18\x04 \x01(\x0b\x32\x19.satchel.v1.DecisionBatchH\x00\x42\x07\n\x05\x65vent\"7\n\x0fGetTraceRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"4\n\x10GetTraceResponse\x12 \n\x05trace\x18\x01 \x01(\x0b\x32\x11.satchel.v1.Trace\"P\n\x12WatchTracesRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\nsubject_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_subject_id\"\xb3\x01\n\x13WatchTracesResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x14.satchel.v1.DecisionH\x00\x12+\n\x06packet\x18\x04 \x01(\x0b\x32\x19.satchel.v1.ContextPacketH\x00\x12\x16\n\x0e\x64ropped_traces\x18\x05 \x01(\x03\x42\x07\n\x05\x65vent\"-\n\x17GetStatsOverviewRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\"\xef\x01\n\x18GetStatsOverviewResponse\x12\x16\n\x0einjection_rate\x18\x01 \x01(\x01\x12\x10\n\x08hit_rate\x18\x02 \x01(\x01\x12\x15\n\rcontext_calls\x18\x03 \x01(\x03\x12\x1b\n\x13\x63\x61lls_serving_facts\x18\x04 \x01(\x03\x12\x13\n\x0b\x63\x61lls_empty\x18\x05 \x01(\x03\x12\x16\n\x0elatency_p50_ms\x18\x06 \x01(\x01\x12\x16\n\x0elatency_p95_ms\x18\x07 \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x08 \x01(\x01\x12\x18\n\x10mean_tokens_used\x18\t \x01(\x01*_\n\x0cPacketStatus\x12\x1d\n\x19PACKET_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10PACKET_STATUS_OK\x10\x01\x12\x1a\n\x16PACKET_STATUS_DEGRADED\x10\x02*d\n\rCandidateKind\x12\x1e\n\x1a\x43\x41NDIDATE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41NDIDATE_KIND_FACT\x10\x01\x12\x1a\n\x16\x43\x41NDIDATE_KIND_EPISODE\x10\x02*\x8f\x01\n\x0f\x44\x65\x63isionOutcome\x12 \n\x1c\x44\x45\x43ISION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_INCLUDED\x10\x01\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_EXCLUDED\x10\x02\x12\x1c\n\x18\x44\x45\x43ISION_OUTCOME_BLOCKED\x10\x03\x32\xbc\x03\n\x0e\x43ontextService\x12Z\n\x0f\x41ssembleContext\x12\".satchel.v1.AssembleContextRequest\x1a#.satchel.v1.AssembleContextResponse\x12V\n\rStreamContext\x12 .satchel.v1.StreamContextRequest\x1a!.satchel.v1.StreamContextResponse0\x01\x12\x45\n\x08GetTrace\x12\x1b.satchel.v1.GetTraceRequest\x1a\x1c.satchel.v1.GetTraceResponse\x12P\n\x0bWatchTraces\x12\x1e.satchel.v1.WatchTracesRequest\x1a\x1f.satchel.v1.WatchTracesResponse0\x01\x12]\n\x10GetStatsOverview\x12#.satchel.v1.GetStatsOverviewRequest\x1a$.satchel.v1.GetStatsOverviewResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18satchel/v1/context.proto\x12\nsatchel.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n\nPacketFact\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x11\n\tstatement\x18\x04 \x01(\t\x12\x12\n\nconfidence\x18\x05 \x01(\x01\x12.\n\nvalid_from\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x18\n\x10source_event_ids\x18\x07 \x03(\t\"q\n\rPacketEpisode\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12/\n\x0boccurred_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x65xcerpt\x18\x04 \x01(\t\"\xe1\x01\n\rContextPacket\x12%\n\x05\x66\x61\x63ts\x18\x01 \x03(\x0b\x32\x16.satchel.v1.PacketFact\x12+\n\x08\x65pisodes\x18\x02 \x03(\x0b\x32\x19.satchel.v1.PacketEpisode\x12\x10\n\x08warnings\x18\x03 \x03(\t\x12(\n\x06status\x18\x04 \x01(\x0e\x32\x18.satchel.v1.PacketStatus\x12\x14\n\x0c\x65mpty_reason\x18\x05 \x01(\t\x12\x15\n\rbudget_tokens\x18\x06 \x01(\x05\x12\x13\n\x0btokens_used\x18\x07 \x01(\x05\"\xcd\x02\n\x08\x44\x65\x63ision\x12\x10\n\x08sequence\x18\x01 \x01(\x05\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\x31\n\x0e\x63\x61ndidate_kind\x18\x03 \x01(\x0e\x32\x19.satchel.v1.CandidateKind\x12,\n\x07outcome\x18\x04 \x01(\x0e\x32\x1b.satchel.v1.DecisionOutcome\x12\x13\n\x0breason_code\x18\x05 \x01(\t\x12\r\n\x05score\x18\x06 \x01(\x01\x12\x12\n\nsimilarity\x18\x07 \x01(\x01\x12\x11\n\ttext_rank\x18\x08 \x01(\x01\x12\x0f\n\x07recency\x18\t \x01(\x01\x12\x0e\n\x06tokens\x18\n \x01(\x05\x12\x13\n\x0b\x62udget_used\x18\x0b \x01(\x05\x12\x0f\n\x07preview\x18\x0c \x01(\t\x12&\n\x06reason\x18\r \x01(\x0e\x32\x16.satchel.v1.ReasonCode\"X\n\x0cTraceTimings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x01\x12\x13\n\x0bretrieve_ms\x18\x02 \x01(\x01\x12\x0f\n\x07pack_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xfd\x02\n\x05Trace\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x12\n\nproject_id\x18\x02 \x01(\t\x12\x12\n\nsubject_id\x18\x03 \x01(\t\x12\r\n\x05query\x18\x04 \x01(\t\x12\x15\n\rbudget_tokens\x18\x05 \x01(\x05\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\tdecisions\x18\x07 \x03(\x0b\x32\x14.satchel.v1.Decision\x12(\n\x06status\x18\x08 \x01(\x0e\x32\x18.satchel.v1.PacketStatus\x12\x10\n\x08warnings\x18\t \x03(\t\x12\x14\n\x0c\x65mpty_reason\x18\n \x01(\t\x12)\n\x07timings\x18\x0b \x01(\x0b\x32\x18.satchel.v1.TraceTimings\x12)\n\x05\x61s_of\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btokens_used\x18\r \x01(\x05\"\xd4\x01\n\x16\x41ssembleContextRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12)\n\x05\x61s_of\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cmax_distance\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x0f\n\r_max_distance\"V\n\x17\x41ssembleContextResponse\x12)\n\x06packet\x18\x01 \x01(\x0b\x32\x19.satchel.v1.ContextPacket\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"\xf5\x01\n\x14StreamContextRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12)\n\x05\x61s_of\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x0cmax_distance\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12!\n\x19max_decisions_per_message\x18\x07 \x01(\rB\x10\n\x0e_budget_tokensB\x0f\n\r_max_distance\"8\n\rDecisionBatch\x12\'\n\tdecisions\x18\x01 \x03(\x0b\x32\x14.satchel.v1.Decision\"\xb9\x01\n\x15StreamContextResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0b\x32\x14.satchel.v1.DecisionH\x00\x12+\n\x06packet\x18\x03 \x01(\x0b\x32\x19.satchel.v1.ContextPacketH\x00\x12.\n\tdecisions\x18\x04 \x01(\x0b\x32\x19.satchel.v1.DecisionBatchH\x00\x42\x07\n\x05\x65vent\"7\n\x0fGetTraceRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x10\n\x08trace_id\x18\x02 \x01(\t\"4\n\x10GetTraceResponse\x12 \n\x05trace\x18\x01 \x01(\x0b\x32\x11.satchel.v1.Trace\"P\n\x12WatchTracesRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\nsubject_id\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\r\n\x0b_subject_id\"\xb3\x01\n\x13WatchTracesResponse\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12(\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0b\x32\x14.satchel.v1.DecisionH\x00\x12+\n\x06packet\x18\x04 \x01(\x0b\x32\x19.satchel.v1.ContextPacketH\x00\x12\x16\n\x0e\x64ropped_traces\x18\x05 \x01(\x03\x42\x07\n\x05\x65vent\"-\n\x17GetStatsOverviewRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\"\xf3\x01\n\x18GetStatsOverviewResponse\x12\x16\n\x0einjection_rate\x18\x01 \x01(\x01\x12\x14\n\x08hit_rate\x18\x02 \x01(\x01\x42\x02\x18\x01\x12\x15\n\rcontext_calls\x18\x03 \x01(\x03\x12\x1b\n\x13\x63\x61lls_serving_facts\x18\x04 \x01(\x03\x12\x13\n\x0b\x63\x61lls_empty\x18\x05 \x01(\x03\x12\x16\n\x0elatency_p50_ms\x18\x06 \x01(\x01\x12\x16\n\x0elatency_p95_ms\x18\x07 \x01(\x01\x12\x16\n\x0elatency_p99_ms\x18\x08 \x01(\x01\x12\x18\n\x10mean_tokens_used\x18\t \x01(\x01*_\n\x0cPacketStatus\x12\x1d\n\x19PACKET_STATUS_UNSPECIFIED\x10\x00\x12\x14\n\x10PACKET_STATUS_OK\x10\x01\x12\x1a\n\x16PACKET_STATUS_DEGRADED\x10\x02*d\n\rCandidateKind\x12\x1e\n\x1a\x43\x41NDIDATE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41NDIDATE_KIND_FACT\x10\x01\x12\x1a\n\x16\x43\x41NDIDATE_KIND_EPISODE\x10\x02*\x8f\x01\n\x0f\x44\x65\x63isionOutcome\x12 \n\x1c\x44\x45\x43ISION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_INCLUDED\x10\x01\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_EXCLUDED\x10\x02\x12\x1c\n\x18\x44\x45\x43ISION_OUTCOME_BLOCKED\x10\x03*\xbc\x02\n\nReasonCode\x12\x1b\n\x17REASON_CODE_UNSPECIFIED\x10\x00\x12\x19\n\x15REASON_CODE_RELEVANCE\x10\x01\x12#\n\x1fREASON_CODE_MULTI_HOP_EXPANSION\x10\x02\x12\x1b\n\x17REASON_CODE_OVER_BUDGET\x10\x03\x12%\n!REASON_CODE_BELOW_RELEVANCE_FLOOR\x10\x04\x12\x1d\n\x19REASON_CODE_CONFLICT_OPEN\x10\x05\x12\"\n\x1eREASON_CODE_VOLATILITY_EXPIRED\x10\x06\x12%\n!REASON_CODE_SOURCE_ALREADY_SERVED\x10\x07\x12#\n\x1fREASON_CODE_SOURCE_FACTS_HIDDEN\x10\x08\x32\xbc\x03\n\x0e\x43ontextService\x12Z\n\x0f\x41ssembleContext\x12\".satchel.v1.AssembleContextRequest\x1a#.satchel.v1.AssembleContextResponse\x12V\n\rStreamContext\x12 .satchel.v1.StreamContextRequest\x1a!.satchel.v1.StreamContextResponse0\x01\x12\x45\n\x08GetTrace\x12\x1b.satchel.v1.GetTraceRequest\x1a\x1c.satchel.v1.GetTraceResponse\x12P\n\x0bWatchTraces\x12\x1e.satchel.v1.WatchTracesRequest\x1a\x1f.satchel.v1.WatchTracesResponse0\x01\x12]\n\x10GetStatsOverview\x12#.satchel.v1.GetStatsOverviewRequest\x1a$.satchel.v1.GetStatsOverviewResponseBR\n\x0e\x64\x65v.satchel.v1B\x0c\x43ontextProtoP\x01Z#satchel.dev/go/satchel/v1;satchelv1\xaa\x02\nSatchel.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'satchel.v1.context_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_PACKETSTATUS']._serialized_start=2875
-  _globals['_PACKETSTATUS']._serialized_end=2970
-  _globals['_CANDIDATEKIND']._serialized_start=2972
-  _globals['_CANDIDATEKIND']._serialized_end=3072
-  _globals['_DECISIONOUTCOME']._serialized_start=3075
-  _globals['_DECISIONOUTCOME']._serialized_end=3218
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\016dev.satchel.v1B\014ContextProtoP\001Z#satchel.dev/go/satchel/v1;satchelv1\252\002\nSatchel.V1'
+  _globals['_GETSTATSOVERVIEWRESPONSE'].fields_by_name['hit_rate']._loaded_options = None
+  _globals['_GETSTATSOVERVIEWRESPONSE'].fields_by_name['hit_rate']._serialized_options = b'\030\001'
+  _globals['_PACKETSTATUS']._serialized_start=2919
+  _globals['_PACKETSTATUS']._serialized_end=3014
+  _globals['_CANDIDATEKIND']._serialized_start=3016
+  _globals['_CANDIDATEKIND']._serialized_end=3116
+  _globals['_DECISIONOUTCOME']._serialized_start=3119
+  _globals['_DECISIONOUTCOME']._serialized_end=3262
+  _globals['_REASONCODE']._serialized_start=3265
+  _globals['_REASONCODE']._serialized_end=3581
   _globals['_PACKETFACT']._serialized_start=104
   _globals['_PACKETFACT']._serialized_end=299
   _globals['_PACKETEPISODE']._serialized_start=301
@@ -46,33 +51,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTEXTPACKET']._serialized_start=417
   _globals['_CONTEXTPACKET']._serialized_end=642
   _globals['_DECISION']._serialized_start=645
-  _globals['_DECISION']._serialized_end=938
-  _globals['_TRACETIMINGS']._serialized_start=940
-  _globals['_TRACETIMINGS']._serialized_end=1028
-  _globals['_TRACE']._serialized_start=1031
-  _globals['_TRACE']._serialized_end=1412
-  _globals['_ASSEMBLECONTEXTREQUEST']._serialized_start=1415
-  _globals['_ASSEMBLECONTEXTREQUEST']._serialized_end=1627
-  _globals['_ASSEMBLECONTEXTRESPONSE']._serialized_start=1629
-  _globals['_ASSEMBLECONTEXTRESPONSE']._serialized_end=1715
-  _globals['_STREAMCONTEXTREQUEST']._serialized_start=1718
-  _globals['_STREAMCONTEXTREQUEST']._serialized_end=1963
-  _globals['_DECISIONBATCH']._serialized_start=1965
-  _globals['_DECISIONBATCH']._serialized_end=2021
-  _globals['_STREAMCONTEXTRESPONSE']._serialized_start=2024
-  _globals['_STREAMCONTEXTRESPONSE']._serialized_end=2209
-  _globals['_GETTRACEREQUEST']._serialized_start=2211
-  _globals['_GETTRACEREQUEST']._serialized_end=2266
-  _globals['_GETTRACERESPONSE']._serialized_start=2268
-  _globals['_GETTRACERESPONSE']._serialized_end=2320
-  _globals['_WATCHTRACESREQUEST']._serialized_start=2322
-  _globals['_WATCHTRACESREQUEST']._serialized_end=2402
-  _globals['_WATCHTRACESRESPONSE']._serialized_start=2405
-  _globals['_WATCHTRACESRESPONSE']._serialized_end=2584
-  _globals['_GETSTATSOVERVIEWREQUEST']._serialized_start=2586
-  _globals['_GETSTATSOVERVIEWREQUEST']._serialized_end=2631
-  _globals['_GETSTATSOVERVIEWRESPONSE']._serialized_start=2634
-  _globals['_GETSTATSOVERVIEWRESPONSE']._serialized_end=2873
-  _globals['_CONTEXTSERVICE']._serialized_start=3221
-  _globals['_CONTEXTSERVICE']._serialized_end=3665
+  _globals['_DECISION']._serialized_end=978
+  _globals['_TRACETIMINGS']._serialized_start=980
+  _globals['_TRACETIMINGS']._serialized_end=1068
+  _globals['_TRACE']._serialized_start=1071
+  _globals['_TRACE']._serialized_end=1452
+  _globals['_ASSEMBLECONTEXTREQUEST']._serialized_start=1455
+  _globals['_ASSEMBLECONTEXTREQUEST']._serialized_end=1667
+  _globals['_ASSEMBLECONTEXTRESPONSE']._serialized_start=1669
+  _globals['_ASSEMBLECONTEXTRESPONSE']._serialized_end=1755
+  _globals['_STREAMCONTEXTREQUEST']._serialized_start=1758
+  _globals['_STREAMCONTEXTREQUEST']._serialized_end=2003
+  _globals['_DECISIONBATCH']._serialized_start=2005
+  _globals['_DECISIONBATCH']._serialized_end=2061
+  _globals['_STREAMCONTEXTRESPONSE']._serialized_start=2064
+  _globals['_STREAMCONTEXTRESPONSE']._serialized_end=2249
+  _globals['_GETTRACEREQUEST']._serialized_start=2251
+  _globals['_GETTRACEREQUEST']._serialized_end=2306
+  _globals['_GETTRACERESPONSE']._serialized_start=2308
+  _globals['_GETTRACERESPONSE']._serialized_end=2360
+  _globals['_WATCHTRACESREQUEST']._serialized_start=2362
+  _globals['_WATCHTRACESREQUEST']._serialized_end=2442
+  _globals['_WATCHTRACESRESPONSE']._serialized_start=2445
+  _globals['_WATCHTRACESRESPONSE']._serialized_end=2624
+  _globals['_GETSTATSOVERVIEWREQUEST']._serialized_start=2626
+  _globals['_GETSTATSOVERVIEWREQUEST']._serialized_end=2671
+  _globals['_GETSTATSOVERVIEWRESPONSE']._serialized_start=2674
+  _globals['_GETSTATSOVERVIEWRESPONSE']._serialized_end=2917
+  _globals['_CONTEXTSERVICE']._serialized_start=3584
+  _globals['_CONTEXTSERVICE']._serialized_end=4028
 # @@protoc_insertion_point(module_scope)

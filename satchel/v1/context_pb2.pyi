@@ -29,6 +29,18 @@ class DecisionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_OUTCOME_INCLUDED: _ClassVar[DecisionOutcome]
     DECISION_OUTCOME_EXCLUDED: _ClassVar[DecisionOutcome]
     DECISION_OUTCOME_BLOCKED: _ClassVar[DecisionOutcome]
+
+class ReasonCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REASON_CODE_UNSPECIFIED: _ClassVar[ReasonCode]
+    REASON_CODE_RELEVANCE: _ClassVar[ReasonCode]
+    REASON_CODE_MULTI_HOP_EXPANSION: _ClassVar[ReasonCode]
+    REASON_CODE_OVER_BUDGET: _ClassVar[ReasonCode]
+    REASON_CODE_BELOW_RELEVANCE_FLOOR: _ClassVar[ReasonCode]
+    REASON_CODE_CONFLICT_OPEN: _ClassVar[ReasonCode]
+    REASON_CODE_VOLATILITY_EXPIRED: _ClassVar[ReasonCode]
+    REASON_CODE_SOURCE_ALREADY_SERVED: _ClassVar[ReasonCode]
+    REASON_CODE_SOURCE_FACTS_HIDDEN: _ClassVar[ReasonCode]
 PACKET_STATUS_UNSPECIFIED: PacketStatus
 PACKET_STATUS_OK: PacketStatus
 PACKET_STATUS_DEGRADED: PacketStatus
@@ -39,6 +51,15 @@ DECISION_OUTCOME_UNSPECIFIED: DecisionOutcome
 DECISION_OUTCOME_INCLUDED: DecisionOutcome
 DECISION_OUTCOME_EXCLUDED: DecisionOutcome
 DECISION_OUTCOME_BLOCKED: DecisionOutcome
+REASON_CODE_UNSPECIFIED: ReasonCode
+REASON_CODE_RELEVANCE: ReasonCode
+REASON_CODE_MULTI_HOP_EXPANSION: ReasonCode
+REASON_CODE_OVER_BUDGET: ReasonCode
+REASON_CODE_BELOW_RELEVANCE_FLOOR: ReasonCode
+REASON_CODE_CONFLICT_OPEN: ReasonCode
+REASON_CODE_VOLATILITY_EXPIRED: ReasonCode
+REASON_CODE_SOURCE_ALREADY_SERVED: ReasonCode
+REASON_CODE_SOURCE_FACTS_HIDDEN: ReasonCode
 
 class PacketFact(_message.Message):
     __slots__ = ("id", "predicate", "value", "statement", "confidence", "valid_from", "source_event_ids")
@@ -89,7 +110,7 @@ class ContextPacket(_message.Message):
     def __init__(self, facts: _Optional[_Iterable[_Union[PacketFact, _Mapping]]] = ..., episodes: _Optional[_Iterable[_Union[PacketEpisode, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[PacketStatus, str]] = ..., empty_reason: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., tokens_used: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("sequence", "candidate_id", "candidate_kind", "outcome", "reason_code", "score", "similarity", "text_rank", "recency", "tokens", "budget_used", "preview")
+    __slots__ = ("sequence", "candidate_id", "candidate_kind", "outcome", "reason_code", "score", "similarity", "text_rank", "recency", "tokens", "budget_used", "preview", "reason")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +123,7 @@ class Decision(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_USED_FIELD_NUMBER: _ClassVar[int]
     PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     candidate_id: str
     candidate_kind: CandidateKind
@@ -114,7 +136,8 @@ class Decision(_message.Message):
     tokens: int
     budget_used: int
     preview: str
-    def __init__(self, sequence: _Optional[int] = ..., candidate_id: _Optional[str] = ..., candidate_kind: _Optional[_Union[CandidateKind, str]] = ..., outcome: _Optional[_Union[DecisionOutcome, str]] = ..., reason_code: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., text_rank: _Optional[float] = ..., recency: _Optional[float] = ..., tokens: _Optional[int] = ..., budget_used: _Optional[int] = ..., preview: _Optional[str] = ...) -> None: ...
+    reason: ReasonCode
+    def __init__(self, sequence: _Optional[int] = ..., candidate_id: _Optional[str] = ..., candidate_kind: _Optional[_Union[CandidateKind, str]] = ..., outcome: _Optional[_Union[DecisionOutcome, str]] = ..., reason_code: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., text_rank: _Optional[float] = ..., recency: _Optional[float] = ..., tokens: _Optional[int] = ..., budget_used: _Optional[int] = ..., preview: _Optional[str] = ..., reason: _Optional[_Union[ReasonCode, str]] = ...) -> None: ...
 
 class TraceTimings(_message.Message):
     __slots__ = ("embed_ms", "retrieve_ms", "pack_ms", "total_ms")

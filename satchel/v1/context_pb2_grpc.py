@@ -28,6 +28,12 @@ if _version_not_supported:
 class ContextServiceStub:
     """ContextService packs the memory an agent sees on a turn, under a token budget, and explains
     every decision it made while packing.
+
+    Every call is scoped by a project (`project_id`) and, for context calls, a subject
+    (`subject_id`): caller-chosen ids of 1 to 200 characters without surrounding spaces or control
+    characters. Invalid requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest`
+    (one field violation per bad field, all reported together) and a `google.rpc.ErrorInfo`
+    reason; every call is UNAVAILABLE until the server is ready (database migrated, model loaded).
     """
 
     def __init__(self, channel):
@@ -66,25 +72,42 @@ class ContextServiceStub:
 class ContextServiceServicer:
     """ContextService packs the memory an agent sees on a turn, under a token budget, and explains
     every decision it made while packing.
+
+    Every call is scoped by a project (`project_id`) and, for context calls, a subject
+    (`subject_id`): caller-chosen ids of 1 to 200 characters without surrounding spaces or control
+    characters. Invalid requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest`
+    (one field violation per bad field, all reported together) and a `google.rpc.ErrorInfo`
+    reason; every call is UNAVAILABLE until the server is ready (database migrated, model loaded).
     """
 
     def AssembleContext(self, request, context):
-        """AssembleContext returns the packet and the id of its persisted trace.
+        """AssembleContext retrieves, scores and packs the scope's facts and episodes for `query` into
+        the token budget, persists the trace of its decisions, and returns the packet and the id of
+        that trace (see GetTrace).
+
+        Errors: INVALID_ARGUMENT for a bad field, with reason BUDGET_EXCEEDED for a budget that is
+        not in [1, 100000].
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamContext(self, request, context):
-        """StreamContext sends the decisions as the budget is packed (one a message, or in batches when
-        asked), then the packet last.
+        """StreamContext runs the same routine as AssembleContext but sends each decision as soon as it
+        is made (one a message, or in batches when `max_decisions_per_message` is above 1), then the
+        packet as the last message. Every message carries the call's trace id.
+
+        Errors: as AssembleContext; `max_decisions_per_message` above 256 is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTrace(self, request, context):
-        """GetTrace returns the persisted trace of an earlier context call.
+        """GetTrace returns the persisted trace of an earlier context call of the project.
+
+        Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
+        when the project has no such trace (a trace of another project included).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,13 +118,18 @@ class ContextServiceServicer:
         whichever replica serves them, as each call commits: its decisions in order, then its
         packet. The stream's initial metadata is sent once the watch is registered; every call
         committed after that is sent, unless the watcher falls behind (see dropped_traces).
+
+        The stream never ends on its own: it ends with UNAVAILABLE (reason SHUTTING_DOWN) when the
+        server stops (watch again, on another replica), or UNAVAILABLE (reason NOT_READY) at once
+        when the server does not watch traces.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStatsOverview(self, request, context):
-        """GetStatsOverview returns the injection rate, call counts and latency figures of a project.
+        """GetStatsOverview returns the injection rate, call counts and latency figures of every
+        context call of a project persisted so far.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -146,6 +174,12 @@ def add_ContextServiceServicer_to_server(servicer, server):
 class ContextService:
     """ContextService packs the memory an agent sees on a turn, under a token budget, and explains
     every decision it made while packing.
+
+    Every call is scoped by a project (`project_id`) and, for context calls, a subject
+    (`subject_id`): caller-chosen ids of 1 to 200 characters without surrounding spaces or control
+    characters. Invalid requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest`
+    (one field violation per bad field, all reported together) and a `google.rpc.ErrorInfo`
+    reason; every call is UNAVAILABLE until the server is ready (database migrated, model loaded).
     """
 
     @staticmethod

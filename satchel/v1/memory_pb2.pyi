@@ -307,17 +307,23 @@ class ResolveConflictResponse(_message.Message):
     def __init__(self, conflict: _Optional[_Union[Conflict, _Mapping]] = ...) -> None: ...
 
 class ListConflictsRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "include_resolved")
+    __slots__ = ("project_id", "subject_id", "include_resolved", "page_size", "page_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     include_resolved: bool
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., include_resolved: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListConflictsResponse(_message.Message):
-    __slots__ = ("conflicts",)
+    __slots__ = ("conflicts", "next_page_token")
     CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conflicts: _containers.RepeatedCompositeFieldContainer[Conflict]
-    def __init__(self, conflicts: _Optional[_Iterable[_Union[Conflict, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, conflicts: _Optional[_Iterable[_Union[Conflict, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

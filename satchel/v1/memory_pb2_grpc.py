@@ -28,6 +28,18 @@ if _version_not_supported:
 class MemoryServiceStub:
     """MemoryService is the write path: events, facts, their lifecycle and conflicts.
     Embeddings are always computed by the server.
+
+    A scope is a (`project_id`, `subject_id`) pair of caller-chosen ids (1 to 200 characters, no
+    surrounding spaces or control characters); events, facts and conflicts belong to one scope,
+    and references between them never cross scopes. Server-assigned ids are UUIDs.
+
+    Errors, all with a `google.rpc.ErrorInfo` reason and, for bad fields, a
+    `google.rpc.BadRequest` naming each (paths such as `requests[3].source_event_ids[1]`):
+    INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
+    than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
+    CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
+    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
     def __init__(self, channel):
@@ -96,80 +108,112 @@ class MemoryServiceStub:
 class MemoryServiceServicer:
     """MemoryService is the write path: events, facts, their lifecycle and conflicts.
     Embeddings are always computed by the server.
+
+    A scope is a (`project_id`, `subject_id`) pair of caller-chosen ids (1 to 200 characters, no
+    surrounding spaces or control characters); events, facts and conflicts belong to one scope,
+    and references between them never cross scopes. Server-assigned ids are UUIDs.
+
+    Errors, all with a `google.rpc.ErrorInfo` reason and, for bad fields, a
+    `google.rpc.BadRequest` naming each (paths such as `requests[3].source_event_ids[1]`):
+    INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
+    than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
+    CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
+    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
     def RecordEvent(self, request, context):
-        """RecordEvent stores one event of a scope; a repeated idempotency key returns the first event.
+        """RecordEvent stores one event of a scope; a repeated idempotency key returns the first event
+        (created = false) and writes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def BatchRecordEvents(self, request, context):
-        """BatchRecordEvents stores many events in one transaction, embedding them in batches.
+        """BatchRecordEvents stores 1 to 1000 events in one transaction (all or nothing), embedding
+        them in batches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """ListEvents lists the events of a scope, newest first.
+        """ListEvents lists the events of a scope, newest occurred_at first, page by page (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AssertFact(self, request, context):
-        """AssertFact stores an active fact; a repeated idempotency key returns the first fact.
+        """AssertFact stores an active fact; a repeated idempotency key returns the first fact
+        (created = false) and writes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def BatchAssertFacts(self, request, context):
-        """BatchAssertFacts stores many facts in one transaction, embedding them in batches.
+        """BatchAssertFacts stores 1 to 1000 facts in one transaction (all or nothing), embedding them
+        in batches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RetireFact(self, request, context):
-        """RetireFact marks a fact retired; it is kept for history and as-of reads.
+        """RetireFact marks an active fact retired; it is kept for history and as-of reads.
+
+        Errors: NOT_FOUND (FACT_NOT_FOUND) for an unknown fact; FAILED_PRECONDITION
+        (FACT_NOT_ACTIVE) for a fact that is not active.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SupersedeFact(self, request, context):
-        """SupersedeFact marks a fact superseded by another fact of the same scope.
+        """SupersedeFact marks an active fact superseded by another active fact of the same scope.
+
+        Errors: NOT_FOUND for an unknown fact; FAILED_PRECONDITION when either fact is not active;
+        INVALID_ARGUMENT when both ids are the same, or (CROSS_SCOPE_REFERENCE) when the facts are
+        of two subjects.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListFacts(self, request, context):
-        """ListFacts lists the facts of a scope, optionally as they stood at an instant.
+        """ListFacts lists the facts of a scope, optionally as they stood at an instant, by
+        (recorded_from, id), page by page (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def OpenConflict(self, request, context):
-        """OpenConflict groups two or more facts of a scope whose values disagree; they are blocked from context.
+        """OpenConflict groups two or more active facts of a scope whose values disagree; they are
+        blocked from context (conflict_open) until the conflict is resolved.
+
+        Errors: FAILED_PRECONDITION when a fact is not active or already in an open conflict.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResolveConflict(self, request, context):
-        """ResolveConflict closes a conflict with a winning fact; the other members become superseded.
+        """ResolveConflict closes an open conflict with a winning member; the other members become
+        superseded by it.
+
+        Errors: NOT_FOUND (CONFLICT_NOT_FOUND); FAILED_PRECONDITION (CONFLICT_NOT_OPEN) for a
+        resolved conflict; INVALID_ARGUMENT (NOT_A_CONFLICT_MEMBER) when the winner is not a member.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListConflicts(self, request, context):
-        """ListConflicts lists the conflicts of a scope.
+        """ListConflicts lists the conflicts of a scope, newest opened_at first, page by page
+        (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -244,6 +288,18 @@ def add_MemoryServiceServicer_to_server(servicer, server):
 class MemoryService:
     """MemoryService is the write path: events, facts, their lifecycle and conflicts.
     Embeddings are always computed by the server.
+
+    A scope is a (`project_id`, `subject_id`) pair of caller-chosen ids (1 to 200 characters, no
+    surrounding spaces or control characters); events, facts and conflicts belong to one scope,
+    and references between them never cross scopes. Server-assigned ids are UUIDs.
+
+    Errors, all with a `google.rpc.ErrorInfo` reason and, for bad fields, a
+    `google.rpc.BadRequest` naming each (paths such as `requests[3].source_event_ids[1]`):
+    INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
+    than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
+    CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
+    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
     @staticmethod

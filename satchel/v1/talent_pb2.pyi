@@ -148,20 +148,26 @@ class UpsertTalentResponse(_message.Message):
     def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class ListTalentsRequest(_message.Message):
-    __slots__ = ("project_id", "active_only")
+    __slots__ = ("project_id", "active_only", "page_size", "page_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     active_only: bool
-    def __init__(self, project_id: _Optional[str] = ..., active_only: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, project_id: _Optional[str] = ..., active_only: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTalentsResponse(_message.Message):
-    __slots__ = ("talents", "active_talent_ids")
+    __slots__ = ("talents", "active_talent_ids", "next_page_token")
     TALENTS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_TALENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     talents: _containers.RepeatedCompositeFieldContainer[Talent]
     active_talent_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, talents: _Optional[_Iterable[_Union[Talent, _Mapping]]] = ..., active_talent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, talents: _Optional[_Iterable[_Union[Talent, _Mapping]]] = ..., active_talent_ids: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SetTalentActivationRequest(_message.Message):
     __slots__ = ("project_id", "talent_id", "active")

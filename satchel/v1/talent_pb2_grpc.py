@@ -28,6 +28,11 @@ if _version_not_supported:
 class TalentServiceStub:
     """TalentService keeps the catalogue of talents (skills, rules, instructions for coding agents),
     their activation per project, and selects which ones an agent receives for a task.
+
+    The catalogue is shared by every project; activation is per project. Ids (talents, projects,
+    roles) are 1 to 200 characters without surrounding spaces or control characters. Invalid
+    requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest` that names every bad
+    field (paths such as `talent.requires[0]`).
     """
 
     def __init__(self, channel):
@@ -66,17 +71,25 @@ class TalentServiceStub:
 class TalentServiceServicer:
     """TalentService keeps the catalogue of talents (skills, rules, instructions for coding agents),
     their activation per project, and selects which ones an agent receives for a task.
+
+    The catalogue is shared by every project; activation is per project. Ids (talents, projects,
+    roles) are 1 to 200 characters without surrounding spaces or control characters. Invalid
+    requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest` that names every bad
+    field (paths such as `talent.requires[0]`).
     """
 
     def UpsertTalent(self, request, context):
-        """UpsertTalent creates or replaces a talent of the catalogue.
+        """UpsertTalent creates or replaces a talent of the catalogue (every field is replaced; edge
+        lists lose their duplicates). Edges to unknown talents are kept (the doctor reports them);
+        an edge to the talent itself is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTalents(self, request, context):
-        """ListTalents lists the catalogue, or the talents of a project with their activation.
+        """ListTalents lists the catalogue, or the talents of a project with their activation, by id,
+        page by page (AIP-158).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -84,20 +97,24 @@ class TalentServiceServicer:
 
     def SetTalentActivation(self, request, context):
         """SetTalentActivation turns a talent on or off for a project.
+
+        Errors: NOT_FOUND (reason TALENT_NOT_FOUND) when the talent is not in the catalogue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResolveTalents(self, request, context):
-        """ResolveTalents selects the talents an agent of a role receives for a task.
+        """ResolveTalents selects the talents an agent of a role receives for a task: among the
+        project's active talents for that role, pinned ones first, then by relevance (or all, with
+        relevance off), closed over the requires/includes edges of what is kept.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DiagnoseProject(self, request, context):
-        """DiagnoseProject reports what is wrong with a project's talents (the doctor).
+        """DiagnoseProject reports what is wrong with a project's active talents (the doctor).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +159,11 @@ def add_TalentServiceServicer_to_server(servicer, server):
 class TalentService:
     """TalentService keeps the catalogue of talents (skills, rules, instructions for coding agents),
     their activation per project, and selects which ones an agent receives for a task.
+
+    The catalogue is shared by every project; activation is per project. Ids (talents, projects,
+    roles) are 1 to 200 characters without surrounding spaces or control characters. Invalid
+    requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest` that names every bad
+    field (paths such as `talent.requires[0]`).
     """
 
     @staticmethod

@@ -37,6 +37,24 @@ STATUSES = {
     packing.STATUS_OK: pb.PACKET_STATUS_OK,
     packing.STATUS_DEGRADED: pb.PACKET_STATUS_DEGRADED,
 }
+REASONS = {
+    packing.RELEVANCE: pb.REASON_CODE_RELEVANCE,
+    packing.MULTI_HOP_EXPANSION: pb.REASON_CODE_MULTI_HOP_EXPANSION,
+    packing.OVER_BUDGET: pb.REASON_CODE_OVER_BUDGET,
+    packing.BELOW_RELEVANCE_FLOOR: pb.REASON_CODE_BELOW_RELEVANCE_FLOOR,
+    packing.CONFLICT_OPEN: pb.REASON_CODE_CONFLICT_OPEN,
+    packing.VOLATILITY_EXPIRED: pb.REASON_CODE_VOLATILITY_EXPIRED,
+    packing.SOURCE_ALREADY_SERVED: pb.REASON_CODE_SOURCE_ALREADY_SERVED,
+    packing.SOURCE_FACTS_HIDDEN: pb.REASON_CODE_SOURCE_FACTS_HIDDEN,
+}
+"""`Decision.reason` by `Decision.reason_code`; a code missing here is sent UNSPECIFIED."""
+
+
+def reason_enum(reason_code: str) -> pb.ReasonCode.ValueType:
+    """The ReasonCode of a reason string (UNSPECIFIED for one without an enum value)."""
+    return REASONS.get(reason_code, pb.REASON_CODE_UNSPECIFIED)
+
+
 # StreamContextRequest.max_decisions_per_message's limit.
 MAX_DECISIONS_PER_MESSAGE = 256
 
@@ -50,6 +68,7 @@ def decision_message(d: packing.Decision) -> pb.Decision:
         candidate_kind=KINDS[c.kind],
         outcome=OUTCOMES[d.outcome],
         reason_code=d.reason_code,
+        reason=reason_enum(d.reason_code),
         score=c.score,
         similarity=c.similarity,
         text_rank=c.text_rank,
@@ -297,6 +316,7 @@ def decision_row_message(d: dict[str, Any]) -> pb.Decision:
         candidate_kind=KINDS[d["candidate_kind"]],
         outcome=OUTCOMES[d["outcome"]],
         reason_code=d["reason_code"],
+        reason=reason_enum(d["reason_code"]),
         score=d["score"],
         similarity=d["similarity"],
         text_rank=d["text_rank"],

@@ -45,9 +45,6 @@ MAX_NOTE_CHARS = 4_000
 MAX_CONFLICT_FACTS = 100
 """Facts of one conflict set."""
 
-MAX_LISTED_CONFLICTS = 1_000
-"""ListConflicts returns at most this many conflicts of a scope, newest first."""
-
 _FACT_STATUS = {
     "active": memory_pb2.FACT_STATUS_ACTIVE,
     "retired": memory_pb2.FACT_STATUS_RETIRED,
@@ -404,15 +401,34 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def ListConflicts(
         self, request: memory_pb2.ListConflictsRequest, context: aio.ServicerContext
     ) -> memory_pb2.ListConflictsResponse:
-        """Open conflicts of a scope (all with include_resolved), newest first."""
+        """Open conflicts of a scope (all with include_resolved), newest opened_at first, page
+        by page."""
         v = Violations()
         _scope(v, "", request.project_id, request.subject_id)
+        limit = check_page_size(v, "page_size", request.page_size)
+        fingerprint = query_fingerprint(
+            "conflicts", request.project_id, request.subject_id, request.include_resolved
+        )
+        token = decode_page_token(
+            v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
+        )
         v.raise_if_any()
-        rows = await memory.list_conflicts(
+        rows, at = await memory.list_conflicts(
             self._runtime(),
             project_id=request.project_id,
             subject_id=request.subject_id,
             include_resolved=request.include_resolved,
-            limit=MAX_LISTED_CONFLICTS,
+            opened_by=token.at if token else None,
+            before=token.last if token else None,
+            limit=limit + 1,
         )
-        return memory_pb2.ListConflictsResponse(conflicts=[conflict_message(r) for r in rows])
+        next_token = ""
+        if len(rows) > limit:
+            rows = rows[:limit]
+            last = (rows[-1].opened_at, rows[-1].id)
+            next_token = encode_page_token(
+                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
+            )
+        return memory_pb2.ListConflictsResponse(
+            conflicts=[conflict_message(r) for r in rows], next_page_token=next_token
+        )

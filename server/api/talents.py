@@ -11,12 +11,19 @@ import math
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from satchel.server.api.pagination import (
+    IdPageToken,
+    decode_id_page_token,
+    encode_id_page_token,
+    query_fingerprint,
+)
 from satchel.server.api.validation import (
     MAX_BUDGET_TOKENS,
     MAX_ID_CHARS,
     MAX_QUERY_CHARS,
     MAX_TEXT_CHARS,
     check_id,
+    check_page_size,
     check_text,
 )
 from satchel.server.domain.talent_graph import InvalidEdgesError, validate_edges
@@ -184,15 +191,33 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
     async def ListTalents(
         self, request: talent_pb2.ListTalentsRequest, context: grpc.aio.ServicerContext
     ) -> talent_pb2.ListTalentsResponse:
-        """The catalogue, or a project's talents with their activation."""
+        """The catalogue, or a project's talents with their activation, by id, page by page."""
         violations = Violations()
         check_id(violations, "project_id", request.project_id, required=request.active_only)
+        limit = check_page_size(violations, "page_size", request.page_size)
+        fingerprint = query_fingerprint("talents", request.project_id, request.active_only)
+        secret = self._runtime().page_secret
+        token = decode_id_page_token(
+            violations, "page_token", request.page_token, fingerprint, secret
+        )
         violations.raise_if_any()
         talents, active = await self._service().list_talents(
-            request.project_id, request.active_only
+            request.project_id,
+            request.active_only,
+            after_id=token.last_id if token else None,
+            limit=limit + 1,
         )
+        next_token = ""
+        if len(talents) > limit:
+            talents = talents[:limit]
+            listed = {t.id for t in talents}
+            active = [talent_id for talent_id in active if talent_id in listed]
+            last = IdPageToken(last_id=talents[-1].id)
+            next_token = encode_id_page_token(secret, fingerprint, last)
         return talent_pb2.ListTalentsResponse(
-            talents=[talent_message(t) for t in talents], active_talent_ids=active
+            talents=[talent_message(t) for t in talents],
+            active_talent_ids=active,
+            next_page_token=next_token,
         )
 
     async def SetTalentActivation(

@@ -32,6 +32,7 @@ def _database(settings: Settings) -> Iterator[psycopg.Connection]:
     embedded = None
     dsn = settings.database_url
     if not dsn:
+        settings.require_embedded_database()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         embedded = EmbeddedPostgres(settings.data_dir)
         dsn = embedded.start()

@@ -340,8 +340,17 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
         print("satchel: --active-only needs --project", file=sys.stderr)
         return 2
     with _client(args, settings) as api:
+        reply = talent_pb2.ListTalentsResponse()
+        token = ""
         try:
-            reply = api.list_talents(args.project or "", active_only=args.active_only)
+            while True:  # every page, merged
+                page = api.list_talents(
+                    args.project or "", active_only=args.active_only, page_token=token
+                )
+                reply.talents.extend(page.talents)
+                reply.active_talent_ids.extend(page.active_talent_ids)
+                if not (token := page.next_page_token):
+                    break
         except SatchelError as exc:
             return _fail(exc)
     if args.json:

@@ -574,17 +574,32 @@ async def list_conflicts(
     project_id: str,
     subject_id: str,
     include_resolved: bool,
+    opened_by: datetime,
+    before: tuple[datetime, uuid.UUID] | None,
     limit: int,
 ) -> list[ConflictRow]:
-    """Conflicts of a scope, newest first: open ones, or all with `include_resolved`."""
-    where = "c.project_id = %s AND c.subject_id = %s"
+    """Conflicts of a scope opened by `opened_by`, newest first (`opened_at`, then id): open
+    ones, or all with `include_resolved`; keyset-paged strictly after `before` = (opened_at, id)
+    of the previous page's last row."""
+    where = "c.project_id = %(project_id)s AND c.subject_id = %(subject_id)s"
+    where += " AND c.opened_at <= %(at)s"
     if not include_resolved:
         where += " AND c.status = 'open'"
+    if before is not None:
+        where += " AND (c.opened_at, c.id) < (%(after_at)s, %(after_id)s)"
+    params = {
+        "project_id": project_id,
+        "subject_id": subject_id,
+        "at": opened_by,
+        "after_at": before[0] if before else None,
+        "after_id": before[1] if before else None,
+        "limit": limit,
+    }
     cur = conn.cursor(row_factory=class_row(ConflictRow))
     await cur.execute(
         f"SELECT {_CONFLICT_COLUMNS} FROM conflict_sets c WHERE {where}"
-        " ORDER BY c.opened_at DESC, c.id DESC LIMIT %s",
-        (project_id, subject_id, limit),
+        " ORDER BY c.opened_at DESC, c.id DESC LIMIT %(limit)s",
+        params,
     )
     return await cur.fetchall()
 

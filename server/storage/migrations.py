@@ -1,13 +1,16 @@
 """Schema migrations: the numbered SQL files of `migrations/`, applied with yoyo.
 
 Two servers starting at once on one database are serialised by a PostgreSQL advisory lock
-held around yoyo's own bookkeeping (table `_yoyo_migration`).
+held around yoyo's own bookkeeping (table `_yoyo_migration`). A file with `-- transactional:
+false` runs outside a transaction (CREATE INDEX CONCURRENTLY); squawk lints new files
+(`.squawk.toml`, tests/test_migrations_lint.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import secrets
+import time
 from urllib.parse import quote
 
 import psycopg
@@ -94,7 +97,7 @@ def apply_migrations(dsn: str) -> list[str]:
     found = read_migrations(migrations_directory())
     migrations = MigrationList([m for m in found if m.id != "__init__"])
     with psycopg.connect(dsn, autocommit=True) as lock_conn:
-        lock_conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+        _take_migration_lock(lock_conn)
         try:
             backend = get_backend(_yoyo_uri(dsn))
             try:
@@ -108,6 +111,21 @@ def apply_migrations(dsn: str) -> list[str]:
     applied = [m.id for m in pending]
     log.info("migrations_applied", applied=applied)
     return applied
+
+
+def _take_migration_lock(conn: psycopg.Connection) -> None:
+    """Take the migration lock by polling, never by waiting in `pg_advisory_lock`.
+
+    A backend blocked in `SELECT pg_advisory_lock` holds a snapshot all the while, and
+    CREATE INDEX CONCURRENTLY (a `-- transactional: false` migration, README "Production")
+    waits for every older snapshot to go: the lock holder's index build would wait for the
+    replica waiting for the lock, a deadlock PostgreSQL cannot see (the lock is held on another
+    connection). Between two tries a waiting replica holds no snapshot.
+    """
+    delay = 0.05
+    while not conn.execute("SELECT pg_try_advisory_lock(%s)", (MIGRATION_LOCK_KEY,)).fetchone()[0]:
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 VECTOR_COLUMNS = ("events", "facts", "talent_embeddings")  # each has `embedding vector(N)`

@@ -144,31 +144,44 @@ async def fetch_talents(conn: AsyncConnection, ids: Sequence[str]) -> list[Talen
 
 
 async def list_talents(
-    conn: AsyncConnection, project_id: str | None = None, active_only: bool = False
+    conn: AsyncConnection,
+    project_id: str | None = None,
+    active_only: bool = False,
+    *,
+    after_id: str | None = None,
+    limit: int | None = None,
 ) -> list[TalentRecord]:
-    """The catalogue by id; with `project_id` and `active_only`, only the project's active set."""
+    """The catalogue by id; with `project_id` and `active_only`, only the project's active set.
+    Keyset-paged: ids strictly after `after_id`, at most `limit` talents (None: all)."""
+    params: list[object] = []
+    if project_id and active_only:
+        source = f"talent_activations a JOIN talents t ON t.id = a.talent_id {_EDGES}"
+        where = "WHERE a.project_id = %s AND a.active"
+        params.append(project_id)
+    else:
+        source, where = f"talents t {_EDGES}", "WHERE true"
+    if after_id is not None:
+        where += " AND t.id > %s"
+        params.append(after_id)
+    sql = f"SELECT {_COLUMNS} FROM {source} {where} ORDER BY t.id"
+    if limit is not None:
+        sql += " LIMIT %s"
+        params.append(limit)
     async with conn.cursor(row_factory=dict_row) as cur:
-        if project_id and active_only:
-            await cur.execute(
-                f"""
-                SELECT {_COLUMNS} FROM talent_activations a
-                JOIN talents t ON t.id = a.talent_id {_EDGES}
-                WHERE a.project_id = %s AND a.active ORDER BY t.id
-                """,
-                (project_id,),
-            )
-        else:
-            await cur.execute(f"SELECT {_COLUMNS} FROM talents t {_EDGES} ORDER BY t.id")
+        await cur.execute(sql, params)
         return [_record(row) for row in await cur.fetchall()]
 
 
-async def active_talent_ids(conn: AsyncConnection, project_id: str) -> list[str]:
-    """Ids of the talents active on a project, sorted."""
-    cur = await conn.execute(
-        "SELECT talent_id FROM talent_activations WHERE project_id = %s AND active"
-        " ORDER BY talent_id",
-        (project_id,),
-    )
+async def active_talent_ids(
+    conn: AsyncConnection, project_id: str, among: list[str] | None = None
+) -> list[str]:
+    """Ids of the talents active on a project (only those in `among` when given), sorted."""
+    sql = "SELECT talent_id FROM talent_activations WHERE project_id = %s AND active"
+    params: list[object] = [project_id]
+    if among is not None:
+        sql += " AND talent_id = ANY(%s)"
+        params.append(among)
+    cur = await conn.execute(sql + " ORDER BY talent_id", params)
     return [row[0] for row in await cur.fetchall()]
 
 

@@ -29,6 +29,7 @@ export const protobufFileName = "satchel/v1/context.proto";
 
 /** PacketStatus says whether a packet is complete. */
 export enum PacketStatus {
+  /** PACKET_STATUS_UNSPECIFIED - Never sent by the server. */
   PACKET_STATUS_UNSPECIFIED = 0,
   /** PACKET_STATUS_OK - Nothing was hidden. */
   PACKET_STATUS_OK = 1,
@@ -71,8 +72,11 @@ export function packetStatusToJSON(object: PacketStatus): string {
 
 /** CandidateKind is what a decision is about. */
 export enum CandidateKind {
+  /** CANDIDATE_KIND_UNSPECIFIED - Never sent by the server. */
   CANDIDATE_KIND_UNSPECIFIED = 0,
+  /** CANDIDATE_KIND_FACT - A fact (see MemoryService.AssertFact); `candidate_id` is the fact's id. */
   CANDIDATE_KIND_FACT = 1,
+  /** CANDIDATE_KIND_EPISODE - An episode: a recorded event served as an excerpt; `candidate_id` is the event's id. */
   CANDIDATE_KIND_EPISODE = 2,
   UNRECOGNIZED = -1,
 }
@@ -111,9 +115,13 @@ export function candidateKindToJSON(object: CandidateKind): string {
 
 /** DecisionOutcome is what happened to a candidate. */
 export enum DecisionOutcome {
+  /** DECISION_OUTCOME_UNSPECIFIED - Never sent by the server. */
   DECISION_OUTCOME_UNSPECIFIED = 0,
+  /** DECISION_OUTCOME_INCLUDED - The candidate is in the packet. */
   DECISION_OUTCOME_INCLUDED = 1,
+  /** DECISION_OUTCOME_EXCLUDED - The candidate was left out (budget, relevance floor, volatility, already served...). */
   DECISION_OUTCOME_EXCLUDED = 2,
+  /** DECISION_OUTCOME_BLOCKED - The candidate was left out because it is in an open conflict (resolve it to serve it). */
   DECISION_OUTCOME_BLOCKED = 3,
   UNRECOGNIZED = -1,
 }
@@ -155,34 +163,175 @@ export function decisionOutcomeToJSON(object: DecisionOutcome): string {
   }
 }
 
+/**
+ * ReasonCode is why a candidate got its outcome: the enum form of `Decision.reason_code`, one
+ * value per reason the server emits. A server newer than a client may send a value the client
+ * does not know (read as its number, or UNSPECIFIED by some runtimes): `Decision.reason_code`
+ * still names it.
+ */
+export enum ReasonCode {
+  /** REASON_CODE_UNSPECIFIED - Not set: a reason this server version has no enum value for; read `reason_code`. */
+  REASON_CODE_UNSPECIFIED = 0,
+  /** REASON_CODE_RELEVANCE - Included: among the best scores and within the budget ("relevance"). */
+  REASON_CODE_RELEVANCE = 1,
+  /**
+   * REASON_CODE_MULTI_HOP_EXPANSION - Included: a fact about an entity of the retained facts, added by multi-hop expansion
+   * ("multi_hop_expansion").
+   */
+  REASON_CODE_MULTI_HOP_EXPANSION = 2,
+  /** REASON_CODE_OVER_BUDGET - Excluded: its tokens did not fit in what remained of the budget ("over_budget"). */
+  REASON_CODE_OVER_BUDGET = 3,
+  /**
+   * REASON_CODE_BELOW_RELEVANCE_FLOOR - Excluded: farther from the query than the relevance floor's cosine distance
+   * ("below_relevance_floor").
+   */
+  REASON_CODE_BELOW_RELEVANCE_FLOOR = 4,
+  /** REASON_CODE_CONFLICT_OPEN - Blocked: the fact is in an open conflict ("conflict_open"); the packet is DEGRADED. */
+  REASON_CODE_CONFLICT_OPEN = 5,
+  /**
+   * REASON_CODE_VOLATILITY_EXPIRED - Excluded: the fact is past its volatility horizon, `stale_after` ("volatility_expired");
+   * the packet is DEGRADED.
+   */
+  REASON_CODE_VOLATILITY_EXPIRED = 6,
+  /**
+   * REASON_CODE_SOURCE_ALREADY_SERVED - Excluded: what the packet already says ("source_already_served"): an episode whose event
+   * is the source of an included fact, or a fact every source event of which is an included
+   * episode.
+   */
+  REASON_CODE_SOURCE_ALREADY_SERVED = 7,
+  /**
+   * REASON_CODE_SOURCE_FACTS_HIDDEN - Excluded: an episode every fact drawn from which is hidden (superseded, retired, no longer
+   * valid, expired or in an open conflict) ("source_facts_hidden").
+   */
+  REASON_CODE_SOURCE_FACTS_HIDDEN = 8,
+  UNRECOGNIZED = -1,
+}
+
+export function reasonCodeFromJSON(object: any): ReasonCode {
+  switch (object) {
+    case 0:
+    case "REASON_CODE_UNSPECIFIED":
+      return ReasonCode.REASON_CODE_UNSPECIFIED;
+    case 1:
+    case "REASON_CODE_RELEVANCE":
+      return ReasonCode.REASON_CODE_RELEVANCE;
+    case 2:
+    case "REASON_CODE_MULTI_HOP_EXPANSION":
+      return ReasonCode.REASON_CODE_MULTI_HOP_EXPANSION;
+    case 3:
+    case "REASON_CODE_OVER_BUDGET":
+      return ReasonCode.REASON_CODE_OVER_BUDGET;
+    case 4:
+    case "REASON_CODE_BELOW_RELEVANCE_FLOOR":
+      return ReasonCode.REASON_CODE_BELOW_RELEVANCE_FLOOR;
+    case 5:
+    case "REASON_CODE_CONFLICT_OPEN":
+      return ReasonCode.REASON_CODE_CONFLICT_OPEN;
+    case 6:
+    case "REASON_CODE_VOLATILITY_EXPIRED":
+      return ReasonCode.REASON_CODE_VOLATILITY_EXPIRED;
+    case 7:
+    case "REASON_CODE_SOURCE_ALREADY_SERVED":
+      return ReasonCode.REASON_CODE_SOURCE_ALREADY_SERVED;
+    case 8:
+    case "REASON_CODE_SOURCE_FACTS_HIDDEN":
+      return ReasonCode.REASON_CODE_SOURCE_FACTS_HIDDEN;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return ReasonCode.UNRECOGNIZED;
+  }
+}
+
+export function reasonCodeToJSON(object: ReasonCode): string {
+  switch (object) {
+    case ReasonCode.REASON_CODE_UNSPECIFIED:
+      return "REASON_CODE_UNSPECIFIED";
+    case ReasonCode.REASON_CODE_RELEVANCE:
+      return "REASON_CODE_RELEVANCE";
+    case ReasonCode.REASON_CODE_MULTI_HOP_EXPANSION:
+      return "REASON_CODE_MULTI_HOP_EXPANSION";
+    case ReasonCode.REASON_CODE_OVER_BUDGET:
+      return "REASON_CODE_OVER_BUDGET";
+    case ReasonCode.REASON_CODE_BELOW_RELEVANCE_FLOOR:
+      return "REASON_CODE_BELOW_RELEVANCE_FLOOR";
+    case ReasonCode.REASON_CODE_CONFLICT_OPEN:
+      return "REASON_CODE_CONFLICT_OPEN";
+    case ReasonCode.REASON_CODE_VOLATILITY_EXPIRED:
+      return "REASON_CODE_VOLATILITY_EXPIRED";
+    case ReasonCode.REASON_CODE_SOURCE_ALREADY_SERVED:
+      return "REASON_CODE_SOURCE_ALREADY_SERVED";
+    case ReasonCode.REASON_CODE_SOURCE_FACTS_HIDDEN:
+      return "REASON_CODE_SOURCE_FACTS_HIDDEN";
+    case ReasonCode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** PacketFact is a fact as served to the agent. */
 export interface PacketFact {
+  /** The fact's id (a UUID), as in MemoryService. */
   id: string;
+  /** The fact's predicate, such as "home_city". */
   predicate: string;
-  value: any | undefined;
+  /** The fact's JSON value, as asserted. */
+  value:
+    | any
+    | undefined;
+  /**
+   * The natural-language statement the agent reads (what was embedded and counted against the
+   * budget).
+   */
   statement: string;
+  /** The fact's confidence, in [0, 1]. */
   confidence: number;
-  validFrom: Date | undefined;
+  /** When the fact became true; unset when the fact has no start of validity. */
+  validFrom:
+    | Date
+    | undefined;
+  /** The events (UUIDs) the fact was extracted from, as asserted. */
   sourceEventIds: string[];
 }
 
 /** PacketEpisode is a source event as served to the agent. */
 export interface PacketEpisode {
+  /** The event's id (a UUID), as in MemoryService. */
   eventId: string;
+  /** The event's kind, such as "conversation.message". */
   kind: string;
-  occurredAt: Date | undefined;
+  /** When the event occurred. */
+  occurredAt:
+    | Date
+    | undefined;
+  /**
+   * The start of the event's text: at most 600 characters, cut on a word boundary and ending
+   * with "…" when cut.
+   */
   excerpt: string;
 }
 
 /** ContextPacket is what the agent receives. */
 export interface ContextPacket {
+  /** The included facts, in packing order (best first). */
   facts: PacketFact[];
+  /** The included episodes, in packing order (best first). */
   episodes: PacketEpisode[];
+  /**
+   * One line per kind of hidden fact, such as "open_conflict: 2 fact(s) hidden pending conflict
+   * resolution" or "volatility_expired: ..."; empty when nothing was hidden.
+   */
   warnings: string[];
+  /** DEGRADED when there are warnings, else OK. */
   status: PacketStatus;
-  /** "no_relevant_memory" when the relevance floor emptied an otherwise non-empty result. */
+  /**
+   * "no_relevant_memory" when the relevance floor emptied an otherwise non-empty result; else
+   * empty (the call still succeeds).
+   */
   emptyReason: string;
+  /** The budget the call packed into, in estimated tokens. */
   budgetTokens: number;
+  /** The estimated tokens of the included facts and episodes; at most budget_tokens. */
   tokensUsed: number;
 }
 
@@ -190,17 +339,20 @@ export interface ContextPacket {
 export interface Decision {
   /** 1-based order in which the decision was made within its call. */
   sequence: number;
+  /** The fact's or event's id (a UUID), see candidate_kind. */
   candidateId: string;
+  /** Whether the candidate is a fact or an episode. */
   candidateKind: CandidateKind;
+  /** What happened to the candidate. */
   outcome: DecisionOutcome;
   /**
-   * relevance | multi_hop_expansion (included); over_budget | below_relevance_floor |
-   * volatility_expired | source_already_served | source_facts_hidden (excluded);
-   * conflict_open (blocked).
-   * source_already_served: what the packet already says: an episode whose event is the source
-   * of an included fact, or a fact every source event of which is an included episode.
-   * source_facts_hidden: an episode every fact drawn from which is hidden (superseded, retired,
-   * no longer valid, expired or in an open conflict).
+   * Why, as a string: relevance | multi_hop_expansion (included); over_budget |
+   * below_relevance_floor | volatility_expired | source_already_served | source_facts_hidden
+   * (excluded); conflict_open (blocked). See ReasonCode for each meaning.
+   *
+   * Kept for forward compatibility beside `reason`: a reason added by a newer server is named
+   * here even when the client's ReasonCode has no value for it. New code should switch on
+   * `reason` and fall back to this string when `reason` is REASON_CODE_UNSPECIFIED.
    */
   reasonCode: string;
   /**
@@ -208,51 +360,102 @@ export interface Decision {
    * hybrid ranking, at least that and possibly lifted by its best neighbour in the conversation.
    */
   score: number;
+  /** Cosine similarity between the query and the candidate's text, in [-1, 1]. */
   similarity: number;
+  /**
+   * Text rank in [0, 1]. Hybrid ranking: BM25 divided by the best BM25 among the visible
+   * candidates of its kind (the best match ranks 1); seed ranking: ts_rank_cd relative to a text
+   * holding each searched word once, capped at 1. 0 when no query word matches.
+   */
   textRank: number;
+  /** Recency in (0, 1]: exp(-age / SATCHEL_RECENCY_TAU_DAYS), 1 for a candidate of now. */
   recency: number;
   /** Estimated tokens of the candidate's text: max(1, len(text) // 4). */
   tokens: number;
   /** Tokens of the packet after this decision. */
   budgetUsed: number;
-  /** The start of the candidate's text, for people reading a trace. */
+  /** The start of the candidate's text (at most 160 characters), for people reading a trace. */
   preview: string;
+  /**
+   * Why, as an enum: the same reason as `reason_code`; REASON_CODE_UNSPECIFIED only for a
+   * reason this server version has no value for.
+   */
+  reason: ReasonCode;
 }
 
 /** TraceTimings are the durations of the phases of a context call, in milliseconds. */
 export interface TraceTimings {
+  /** Embedding the query. */
   embedMs: number;
+  /** Retrieving and scoring the candidates (SQL). */
   retrieveMs: number;
+  /** Packing the candidates into the budget. */
   packMs: number;
+  /** The whole call, from the request to the packet. */
   totalMs: number;
 }
 
 /** Trace is the persisted record of one context call. */
 export interface Trace {
+  /** The call's id (a UUID), as returned by AssembleContext and StreamContext. */
   traceId: string;
+  /** The project of the call. */
   projectId: string;
+  /** The subject of the call. */
   subjectId: string;
+  /** The query of the call. */
   query: string;
+  /** The budget the call packed into, in estimated tokens. */
   budgetTokens: number;
-  createdAt: Date | undefined;
+  /** When the call was made. */
+  createdAt:
+    | Date
+    | undefined;
+  /** Every decision of the call, in sequence order. */
   decisions: Decision[];
+  /** The packet's status. */
   status: PacketStatus;
+  /** The packet's warnings. */
   warnings: string[];
+  /** The packet's empty_reason. */
   emptyReason: string;
-  timings: TraceTimings | undefined;
-  asOf: Date | undefined;
+  /** The durations of the call's phases. */
+  timings:
+    | TraceTimings
+    | undefined;
+  /** The call's point in time, when it had one (AssembleContextRequest.as_of). */
+  asOf:
+    | Date
+    | undefined;
+  /** The packet's tokens_used. */
   tokensUsed: number;
 }
 
+/** AssembleContextRequest asks for the context of one turn. */
 export interface AssembleContextRequest {
+  /**
+   * The project (tenant). Required: 1 to 200 characters, no surrounding spaces or control
+   * characters.
+   */
   projectId: string;
+  /** The subject (user, agent...) whose memory is read; same rules as project_id. */
   subjectId: string;
+  /**
+   * What the agent needs context for, such as the user's last message. Required, at most 8000
+   * characters, no control characters other than tab, CR and LF.
+   */
   query: string;
-  /** Defaults to 900; must be positive. */
+  /**
+   * The token budget of the packet. Unset: the server's SATCHEL_DEFAULT_BUDGET_TOKENS (900 by
+   * default). Must be in [1, 100000] (else INVALID_ARGUMENT, reason BUDGET_EXCEEDED).
+   */
   budgetTokens?:
     | number
     | undefined;
-  /** Point-in-time context: the memory as it was valid and recorded at that instant. */
+  /**
+   * Point-in-time context: the memory as it was valid and recorded at that instant. Unset: now.
+   * Between 0001-01-01 and 9999-12-31.
+   */
   asOf:
     | Date
     | undefined;
@@ -264,16 +467,29 @@ export interface AssembleContextRequest {
   maxDistance?: number | undefined;
 }
 
+/** AssembleContextResponse is the packet of one turn. */
 export interface AssembleContextResponse {
-  packet: ContextPacket | undefined;
+  /** What the agent receives. */
+  packet:
+    | ContextPacket
+    | undefined;
+  /** The id (a UUID) of the call's persisted trace, for GetTrace. */
   traceId: string;
 }
 
+/** StreamContextRequest asks for the context of one turn, streamed decision by decision. */
 export interface StreamContextRequest {
+  /** As in AssembleContextRequest. */
   projectId: string;
+  /** As in AssembleContextRequest. */
   subjectId: string;
+  /** As in AssembleContextRequest. */
   query: string;
-  budgetTokens?: number | undefined;
+  /** As in AssembleContextRequest. */
+  budgetTokens?:
+    | number
+    | undefined;
+  /** As in AssembleContextRequest. */
   asOf:
     | Date
     | undefined;
@@ -293,10 +509,13 @@ export interface StreamContextRequest {
 
 /** DecisionBatch is consecutive decisions of one call, in decision order. */
 export interface DecisionBatch {
+  /** At most StreamContextRequest.max_decisions_per_message decisions. */
   decisions: Decision[];
 }
 
+/** StreamContextResponse is one message of a StreamContext stream. */
 export interface StreamContextResponse {
+  /** The id (a UUID) of the call's persisted trace; the same in every message of the stream. */
   traceId: string;
   /** One decision (when max_decisions_per_message is 0 or 1). */
   decision?:
@@ -310,50 +529,86 @@ export interface StreamContextResponse {
   decisions?: DecisionBatch | undefined;
 }
 
+/** GetTraceRequest names a persisted trace. */
 export interface GetTraceRequest {
+  /** The project the call was made in. Required. */
   projectId: string;
+  /** The trace's id (a UUID), as returned by AssembleContext or StreamContext. Required. */
   traceId: string;
 }
 
+/** GetTraceResponse is a persisted trace. */
 export interface GetTraceResponse {
+  /** The trace, with every decision. */
   trace: Trace | undefined;
 }
 
+/** WatchTracesRequest says which calls to watch. */
 export interface WatchTracesRequest {
+  /** The project whose calls are watched. Required. */
   projectId: string;
-  /** When set, only the calls of this subject. */
+  /** When set, only the calls of this subject (1 to 200 characters). */
   subjectId?: string | undefined;
 }
 
+/**
+ * WatchTracesResponse is one message of a WatchTraces stream: a decision or the packet of a
+ * committed call.
+ */
 export interface WatchTracesResponse {
+  /** The id (a UUID) of the call this message belongs to. */
   traceId: string;
+  /** The subject of that call. */
   subjectId: string;
-  decision?: Decision | undefined;
+  /** One decision of the call. */
+  decision?:
+    | Decision
+    | undefined;
+  /** The packet of the call, after all its decisions. */
   packet?:
     | ContextPacket
     | undefined;
   /**
    * Calls of this watch skipped so far because the watcher fell behind (cumulative): whole
-   * calls are skipped, never single decisions.
+   * calls are skipped, never single decisions (the server queues SATCHEL_WATCH_QUEUE_TRACES
+   * calls per stream, 64 by default).
    */
   droppedTraces: number;
 }
 
+/** GetStatsOverviewRequest names the project whose figures are wanted. */
 export interface GetStatsOverviewRequest {
+  /** The project. Required. */
   projectId: string;
 }
 
+/**
+ * GetStatsOverviewResponse holds the figures of a project's context calls; every figure is 0
+ * when the project has none.
+ */
 export interface GetStatsOverviewResponse {
-  /** Share of context calls that served at least one fact. */
+  /** Share of context calls that served at least one fact, in [0, 1]. */
   injectionRate: number;
-  /** Deprecated alias of injection_rate, kept for dashboards that know it by that name. */
+  /**
+   * Deprecated: use injection_rate, which holds the same value. Kept (and still filled) for
+   * dashboards that know it by this name.
+   *
+   * @deprecated
+   */
   hitRate: number;
+  /** Number of context calls persisted for the project. */
   contextCalls: number;
+  /** Calls whose packet held at least one fact. */
   callsServingFacts: number;
+  /** Calls whose packet held neither a fact nor an episode. */
   callsEmpty: number;
+  /** Median duration of a call (TraceTimings.total_ms), in milliseconds. */
   latencyP50Ms: number;
+  /** 95th percentile of the call duration, in milliseconds. */
   latencyP95Ms: number;
+  /** 99th percentile of the call duration, in milliseconds. */
   latencyP99Ms: number;
+  /** Mean of ContextPacket.tokens_used over the calls. */
   meanTokensUsed: number;
 }
 
@@ -856,6 +1111,7 @@ function createBaseDecision(): Decision {
     tokens: 0,
     budgetUsed: 0,
     preview: "",
+    reason: 0,
   };
 }
 
@@ -896,6 +1152,9 @@ export const Decision: MessageFns<Decision> = {
     }
     if (message.preview !== "") {
       writer.uint32(98).string(message.preview);
+    }
+    if (message.reason !== 0) {
+      writer.uint32(104).int32(message.reason);
     }
     return writer;
   },
@@ -1009,6 +1268,14 @@ export const Decision: MessageFns<Decision> = {
             message.preview = reader.string();
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.reason = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1055,6 +1322,7 @@ export const Decision: MessageFns<Decision> = {
         ? globalThis.Number(object.budget_used)
         : 0,
       preview: isSet(object.preview) ? globalThis.String(object.preview) : "",
+      reason: isSet(object.reason) ? reasonCodeFromJSON(object.reason) : 0,
     };
   },
 
@@ -1096,6 +1364,9 @@ export const Decision: MessageFns<Decision> = {
     if (message.preview !== "") {
       obj.preview = message.preview;
     }
+    if (message.reason !== 0) {
+      obj.reason = reasonCodeToJSON(message.reason);
+    }
     return obj;
   },
 
@@ -1116,6 +1387,7 @@ export const Decision: MessageFns<Decision> = {
     message.tokens = object.tokens ?? 0;
     message.budgetUsed = object.budgetUsed ?? 0;
     message.preview = object.preview ?? "";
+    message.reason = object.reason ?? 0;
     return message;
   },
 };
@@ -2942,10 +3214,23 @@ export const GetStatsOverviewResponse: MessageFns<GetStatsOverviewResponse> = {
 /**
  * ContextService packs the memory an agent sees on a turn, under a token budget, and explains
  * every decision it made while packing.
+ *
+ * Every call is scoped by a project (`project_id`) and, for context calls, a subject
+ * (`subject_id`): caller-chosen ids of 1 to 200 characters without surrounding spaces or control
+ * characters. Invalid requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest`
+ * (one field violation per bad field, all reported together) and a `google.rpc.ErrorInfo`
+ * reason; every call is UNAVAILABLE until the server is ready (database migrated, model loaded).
  */
 export type ContextServiceService = typeof ContextServiceService;
 export const ContextServiceService = {
-  /** AssembleContext returns the packet and the id of its persisted trace. */
+  /**
+   * AssembleContext retrieves, scores and packs the scope's facts and episodes for `query` into
+   * the token budget, persists the trace of its decisions, and returns the packet and the id of
+   * that trace (see GetTrace).
+   *
+   * Errors: INVALID_ARGUMENT for a bad field, with reason BUDGET_EXCEEDED for a budget that is
+   * not in [1, 100000].
+   */
   assembleContext: {
     path: "/satchel.v1.ContextService/AssembleContext" as const,
     requestStream: false as const,
@@ -2958,8 +3243,11 @@ export const ContextServiceService = {
     responseDeserialize: (value: Buffer): AssembleContextResponse => AssembleContextResponse.decode(value),
   },
   /**
-   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
-   * asked), then the packet last.
+   * StreamContext runs the same routine as AssembleContext but sends each decision as soon as it
+   * is made (one a message, or in batches when `max_decisions_per_message` is above 1), then the
+   * packet as the last message. Every message carries the call's trace id.
+   *
+   * Errors: as AssembleContext; `max_decisions_per_message` above 256 is INVALID_ARGUMENT.
    */
   streamContext: {
     path: "/satchel.v1.ContextService/StreamContext" as const,
@@ -2971,7 +3259,12 @@ export const ContextServiceService = {
       Buffer.from(StreamContextResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): StreamContextResponse => StreamContextResponse.decode(value),
   },
-  /** GetTrace returns the persisted trace of an earlier context call. */
+  /**
+   * GetTrace returns the persisted trace of an earlier context call of the project.
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
+   * when the project has no such trace (a trace of another project included).
+   */
   getTrace: {
     path: "/satchel.v1.ContextService/GetTrace" as const,
     requestStream: false as const,
@@ -2986,6 +3279,10 @@ export const ContextServiceService = {
    * whichever replica serves them, as each call commits: its decisions in order, then its
    * packet. The stream's initial metadata is sent once the watch is registered; every call
    * committed after that is sent, unless the watcher falls behind (see dropped_traces).
+   *
+   * The stream never ends on its own: it ends with UNAVAILABLE (reason SHUTTING_DOWN) when the
+   * server stops (watch again, on another replica), or UNAVAILABLE (reason NOT_READY) at once
+   * when the server does not watch traces.
    */
   watchTraces: {
     path: "/satchel.v1.ContextService/WatchTraces" as const,
@@ -2996,7 +3293,10 @@ export const ContextServiceService = {
     responseSerialize: (value: WatchTracesResponse): Buffer => Buffer.from(WatchTracesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): WatchTracesResponse => WatchTracesResponse.decode(value),
   },
-  /** GetStatsOverview returns the injection rate, call counts and latency figures of a project. */
+  /**
+   * GetStatsOverview returns the injection rate, call counts and latency figures of every
+   * context call of a project persisted so far.
+   */
   getStatsOverview: {
     path: "/satchel.v1.ContextService/GetStatsOverview" as const,
     requestStream: false as const,
@@ -3011,28 +3311,57 @@ export const ContextServiceService = {
 } as const;
 
 export interface ContextServiceServer extends UntypedServiceImplementation {
-  /** AssembleContext returns the packet and the id of its persisted trace. */
+  /**
+   * AssembleContext retrieves, scores and packs the scope's facts and episodes for `query` into
+   * the token budget, persists the trace of its decisions, and returns the packet and the id of
+   * that trace (see GetTrace).
+   *
+   * Errors: INVALID_ARGUMENT for a bad field, with reason BUDGET_EXCEEDED for a budget that is
+   * not in [1, 100000].
+   */
   assembleContext: handleUnaryCall<AssembleContextRequest, AssembleContextResponse>;
   /**
-   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
-   * asked), then the packet last.
+   * StreamContext runs the same routine as AssembleContext but sends each decision as soon as it
+   * is made (one a message, or in batches when `max_decisions_per_message` is above 1), then the
+   * packet as the last message. Every message carries the call's trace id.
+   *
+   * Errors: as AssembleContext; `max_decisions_per_message` above 256 is INVALID_ARGUMENT.
    */
   streamContext: handleServerStreamingCall<StreamContextRequest, StreamContextResponse>;
-  /** GetTrace returns the persisted trace of an earlier context call. */
+  /**
+   * GetTrace returns the persisted trace of an earlier context call of the project.
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
+   * when the project has no such trace (a trace of another project included).
+   */
   getTrace: handleUnaryCall<GetTraceRequest, GetTraceResponse>;
   /**
    * WatchTraces streams the decisions of every context call of a project (or one subject),
    * whichever replica serves them, as each call commits: its decisions in order, then its
    * packet. The stream's initial metadata is sent once the watch is registered; every call
    * committed after that is sent, unless the watcher falls behind (see dropped_traces).
+   *
+   * The stream never ends on its own: it ends with UNAVAILABLE (reason SHUTTING_DOWN) when the
+   * server stops (watch again, on another replica), or UNAVAILABLE (reason NOT_READY) at once
+   * when the server does not watch traces.
    */
   watchTraces: handleServerStreamingCall<WatchTracesRequest, WatchTracesResponse>;
-  /** GetStatsOverview returns the injection rate, call counts and latency figures of a project. */
+  /**
+   * GetStatsOverview returns the injection rate, call counts and latency figures of every
+   * context call of a project persisted so far.
+   */
   getStatsOverview: handleUnaryCall<GetStatsOverviewRequest, GetStatsOverviewResponse>;
 }
 
 export interface ContextServiceClient extends Client {
-  /** AssembleContext returns the packet and the id of its persisted trace. */
+  /**
+   * AssembleContext retrieves, scores and packs the scope's facts and episodes for `query` into
+   * the token budget, persists the trace of its decisions, and returns the packet and the id of
+   * that trace (see GetTrace).
+   *
+   * Errors: INVALID_ARGUMENT for a bad field, with reason BUDGET_EXCEEDED for a budget that is
+   * not in [1, 100000].
+   */
   assembleContext(
     request: AssembleContextRequest,
     callback: (error: ServiceError | null, response: AssembleContextResponse) => void,
@@ -3049,8 +3378,11 @@ export interface ContextServiceClient extends Client {
     callback: (error: ServiceError | null, response: AssembleContextResponse) => void,
   ): ClientUnaryCall;
   /**
-   * StreamContext sends the decisions as the budget is packed (one a message, or in batches when
-   * asked), then the packet last.
+   * StreamContext runs the same routine as AssembleContext but sends each decision as soon as it
+   * is made (one a message, or in batches when `max_decisions_per_message` is above 1), then the
+   * packet as the last message. Every message carries the call's trace id.
+   *
+   * Errors: as AssembleContext; `max_decisions_per_message` above 256 is INVALID_ARGUMENT.
    */
   streamContext(
     request: StreamContextRequest,
@@ -3061,7 +3393,12 @@ export interface ContextServiceClient extends Client {
     metadata?: Metadata,
     options?: Partial<CallOptions>,
   ): ClientReadableStream<StreamContextResponse>;
-  /** GetTrace returns the persisted trace of an earlier context call. */
+  /**
+   * GetTrace returns the persisted trace of an earlier context call of the project.
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
+   * when the project has no such trace (a trace of another project included).
+   */
   getTrace(
     request: GetTraceRequest,
     callback: (error: ServiceError | null, response: GetTraceResponse) => void,
@@ -3082,6 +3419,10 @@ export interface ContextServiceClient extends Client {
    * whichever replica serves them, as each call commits: its decisions in order, then its
    * packet. The stream's initial metadata is sent once the watch is registered; every call
    * committed after that is sent, unless the watcher falls behind (see dropped_traces).
+   *
+   * The stream never ends on its own: it ends with UNAVAILABLE (reason SHUTTING_DOWN) when the
+   * server stops (watch again, on another replica), or UNAVAILABLE (reason NOT_READY) at once
+   * when the server does not watch traces.
    */
   watchTraces(request: WatchTracesRequest, options?: Partial<CallOptions>): ClientReadableStream<WatchTracesResponse>;
   watchTraces(
@@ -3089,7 +3430,10 @@ export interface ContextServiceClient extends Client {
     metadata?: Metadata,
     options?: Partial<CallOptions>,
   ): ClientReadableStream<WatchTracesResponse>;
-  /** GetStatsOverview returns the injection rate, call counts and latency figures of a project. */
+  /**
+   * GetStatsOverview returns the injection rate, call counts and latency figures of every
+   * context call of a project persisted so far.
+   */
   getStatsOverview(
     request: GetStatsOverviewRequest,
     callback: (error: ServiceError | null, response: GetStatsOverviewResponse) => void,

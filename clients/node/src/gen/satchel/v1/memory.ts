@@ -28,9 +28,16 @@ export const protobufFileName = "satchel/v1/memory.proto";
 
 /** FactStatus is the lifecycle state of a fact. */
 export enum FactStatus {
+  /** FACT_STATUS_UNSPECIFIED - Never sent by the server. */
   FACT_STATUS_UNSPECIFIED = 0,
+  /** FACT_STATUS_ACTIVE - The fact may be served in context (while valid and not blocked or expired). */
   FACT_STATUS_ACTIVE = 1,
+  /** FACT_STATUS_RETIRED - Retired by RetireFact: never served again, kept for history and as-of reads. */
   FACT_STATUS_RETIRED = 2,
+  /**
+   * FACT_STATUS_SUPERSEDED - Replaced by another fact (`superseded_by`), through supersedes_fact_ids, SupersedeFact or
+   * ResolveConflict.
+   */
   FACT_STATUS_SUPERSEDED = 3,
   UNRECOGNIZED = -1,
 }
@@ -74,8 +81,11 @@ export function factStatusToJSON(object: FactStatus): string {
 
 /** ConflictStatus is the state of a conflict set. */
 export enum ConflictStatus {
+  /** CONFLICT_STATUS_UNSPECIFIED - Never sent by the server. */
   CONFLICT_STATUS_UNSPECIFIED = 0,
+  /** CONFLICT_STATUS_OPEN - Its facts are blocked from context. */
   CONFLICT_STATUS_OPEN = 1,
+  /** CONFLICT_STATUS_RESOLVED - Closed by ResolveConflict with a winning fact. */
   CONFLICT_STATUS_RESOLVED = 2,
   UNRECOGNIZED = -1,
 }
@@ -117,69 +127,152 @@ export function conflictStatusToJSON(object: ConflictStatus): string {
  * and the episodes of a context packet.
  */
 export interface Event {
+  /** The event's id (a UUID), assigned by the server. */
   id: string;
+  /** The project of the event. */
   projectId: string;
+  /** The subject of the event. */
   subjectId: string;
+  /**
+   * What kind of event it is, such as "conversation.message" (caller-chosen, 1 to 200
+   * characters).
+   */
   kind: string;
-  payload: { [key: string]: any } | undefined;
-  occurredAt: Date | undefined;
+  /** The event's JSON payload, as recorded (at most 64 KiB serialized). */
+  payload:
+    | { [key: string]: any }
+    | undefined;
+  /** When the event happened. */
+  occurredAt:
+    | Date
+    | undefined;
+  /** When the server stored it. */
   recordedAt:
     | Date
     | undefined;
-  /** The text rendering of kind + payload that is embedded and served as the episode excerpt. */
+  /**
+   * The text rendering of kind + payload that is embedded and served as the episode excerpt
+   * ("{speaker}: {text} k=v ...").
+   */
   text: string;
 }
 
 /** Fact is a durable statement about a subject. */
 export interface Fact {
+  /** The fact's id (a UUID), assigned by the server. */
   id: string;
+  /** The project of the fact. */
   projectId: string;
+  /** The subject of the fact. */
   subjectId: string;
+  /** What the fact is about, such as "home_city" (caller-chosen, 1 to 200 characters). */
   predicate: string;
+  /** The fact's JSON value (at most 64 KiB serialized). */
   value:
     | any
     | undefined;
   /** The natural-language statement that is embedded, searched and counted against budgets. */
   statement: string;
+  /** How sure the extractor was, in [0, 1]. */
   confidence: number;
+  /** The fact's lifecycle state. */
   status: FactStatus;
-  validFrom: Date | undefined;
-  validTo: Date | undefined;
-  recordedFrom: Date | undefined;
+  /** When the fact became true; unset when it has no start of validity. */
+  validFrom:
+    | Date
+    | undefined;
+  /**
+   * When the fact stopped being true (set by supersession, or as asserted); unset while it
+   * holds.
+   */
+  validTo:
+    | Date
+    | undefined;
+  /** When the server recorded the fact. */
+  recordedFrom:
+    | Date
+    | undefined;
+  /** The events (UUIDs) of the same scope the fact was extracted from. */
   sourceEventIds: string[];
-  /** Volatility horizon: the fact is hidden from context once valid_from (or recorded_from) + stale_after has passed. */
-  staleAfter: Duration | undefined;
+  /**
+   * Volatility horizon: the fact is hidden from context once valid_from (or recorded_from) +
+   * stale_after has passed. Unset: never.
+   */
+  staleAfter:
+    | Duration
+    | undefined;
+  /** With FACT_STATUS_SUPERSEDED: the id of the fact that replaced this one; else empty. */
   supersededBy: string;
+  /**
+   * Why the status changed: the RetireFact reason, or for a member that lost a conflict
+   * "conflict <id> resolved in favour of fact <id>"; else empty.
+   */
   statusReason: string;
+  /** When the fact left the record (RetireFact); unset while it is in it. */
   recordedTo: Date | undefined;
 }
 
 /** Conflict is a set of facts of one scope that disagree. */
 export interface Conflict {
+  /** The conflict's id (a UUID), assigned by the server. */
   id: string;
+  /** The project of the conflict. */
   projectId: string;
+  /** The subject of the conflict. */
   subjectId: string;
+  /** Its member facts (2 to 100 UUIDs), sorted. */
   factIds: string[];
+  /** Open or resolved. */
   status: ConflictStatus;
+  /** The caller's note, as given to OpenConflict. */
   note: string;
-  openedAt: Date | undefined;
-  resolvedAt: Date | undefined;
+  /** When the conflict was opened. */
+  openedAt:
+    | Date
+    | undefined;
+  /** When it was resolved; unset while open. */
+  resolvedAt:
+    | Date
+    | undefined;
+  /** The member that won the resolution; empty while open. */
   winningFactId: string;
 }
 
+/** RecordEventRequest is one event to store. */
 export interface RecordEventRequest {
+  /**
+   * The project (tenant). Required: 1 to 200 characters, no surrounding spaces or control
+   * characters.
+   */
   projectId: string;
+  /** The subject the event is about; same rules as project_id. */
   subjectId: string;
+  /** What kind of event it is, such as "conversation.message". Required, 1 to 200 characters. */
   kind: string;
+  /**
+   * The event's JSON payload ({"speaker": ..., "text": ...} for a message): at most 64 KiB
+   * serialized, finite numbers, about 32 levels deep (deeper: NESTED_TOO_DEEP).
+   */
   payload:
     | { [key: string]: any }
     | undefined;
-  /** Defaults to the time the server receives the request. */
-  occurredAt: Date | undefined;
+  /**
+   * Defaults to the time the server receives the request. Between 0001-01-01 and 9999-12-31,
+   * stored to the microsecond.
+   */
+  occurredAt:
+    | Date
+    | undefined;
+  /**
+   * Optional, unique per project among events (at most 200 characters): a request whose key
+   * is stored returns the first event and writes nothing, whatever else it holds.
+   */
   idempotencyKey: string;
 }
 
+/** RecordEventResponse is the stored event. */
 export interface RecordEventResponse {
+  /** The stored event (the first one for a repeated idempotency key). */
   event:
     | Event
     | undefined;
@@ -187,19 +280,36 @@ export interface RecordEventResponse {
   created: boolean;
 }
 
+/** BatchRecordEventsRequest is many events to store in one transaction. */
 export interface BatchRecordEventsRequest {
+  /**
+   * 1 to 1000 events (and at most 16 MiB per message); violations are named
+   * `requests[i].field`.
+   */
   requests: RecordEventRequest[];
 }
 
+/** BatchRecordEventsResponse is the stored events. */
 export interface BatchRecordEventsResponse {
   /** In the order of the requests. */
   events: Event[];
 }
 
+/** ListEventsRequest asks for a page of a scope's events. */
 export interface ListEventsRequest {
+  /** The project. Required. */
   projectId: string;
+  /** The subject. Required. */
   subjectId: string;
+  /**
+   * The most events to return: 0 means 100; above 1000 means 1000; negative is
+   * INVALID_ARGUMENT.
+   */
   pageSize: number;
+  /**
+   * Empty for the first page; else a ListEventsResponse.next_page_token of the same listing
+   * (same project, subject and as_of), else INVALID_ARGUMENT.
+   */
   pageToken: string;
   /**
    * The events that had occurred by that instant as recorded then; unset means every event
@@ -208,113 +318,237 @@ export interface ListEventsRequest {
   asOf: Date | undefined;
 }
 
+/** ListEventsResponse is a page of events. */
 export interface ListEventsResponse {
+  /** Newest occurred_at first (then by id). */
   events: Event[];
+  /**
+   * The token of the next page; empty on the last page. Later pages list the snapshot of the
+   * first one.
+   */
   nextPageToken: string;
 }
 
+/** AssertFactRequest is one fact to store, active. */
 export interface AssertFactRequest {
+  /**
+   * The project (tenant). Required: 1 to 200 characters, no surrounding spaces or control
+   * characters.
+   */
   projectId: string;
+  /** The subject the fact is about; same rules as project_id. */
   subjectId: string;
+  /** What the fact is about, such as "home_city". Required, 1 to 200 characters. */
   predicate: string;
+  /**
+   * The fact's JSON value. Required: at most 64 KiB serialized, finite numbers, about 32 levels
+   * deep.
+   */
   value:
     | any
     | undefined;
-  /** Derived from predicate and value when empty. */
+  /**
+   * Derived from predicate and value when empty ("home city: Porto"). At most 32000
+   * characters.
+   */
   statement: string;
   /** In [0, 1]; defaults to 1 when unset. */
-  confidence?: number | undefined;
-  validFrom: Date | undefined;
+  confidence?:
+    | number
+    | undefined;
+  /** When the fact became true; unset: no start of validity. */
+  validFrom:
+    | Date
+    | undefined;
+  /** When it stops being true; unset: open-ended. Must be after valid_from. */
   validTo:
     | Date
     | undefined;
-  /** Events of the same scope this fact was extracted from. */
+  /** Events of the same scope this fact was extracted from (at most 256 UUIDs). */
   sourceEventIds: string[];
-  staleAfter: Duration | undefined;
+  /**
+   * Volatility horizon: hidden from context once valid_from (or the record time) + this has
+   * passed. Unset: never.
+   */
+  staleAfter:
+    | Duration
+    | undefined;
+  /**
+   * Optional, unique per project among facts (at most 200 characters): a request whose key is
+   * stored returns the first fact and writes nothing.
+   */
   idempotencyKey: string;
-  /** Active facts of the same scope that this fact replaces: they become superseded in the same transaction. */
+  /**
+   * Active facts of the same scope that this fact replaces: they become superseded in the same
+   * transaction (at most 256 UUIDs).
+   */
   supersedesFactIds: string[];
 }
 
+/** AssertFactResponse is the stored fact. */
 export interface AssertFactResponse {
-  fact: Fact | undefined;
+  /** The stored fact (the first one for a repeated idempotency key). */
+  fact:
+    | Fact
+    | undefined;
+  /** False when the idempotency key had been seen and the first fact is returned. */
   created: boolean;
 }
 
+/** BatchAssertFactsRequest is many facts to store in one transaction. */
 export interface BatchAssertFactsRequest {
+  /**
+   * 1 to 1000 facts (and at most 16 MiB per message); violations are named
+   * `requests[i].field`.
+   */
   requests: AssertFactRequest[];
 }
 
+/** BatchAssertFactsResponse is the stored facts. */
 export interface BatchAssertFactsResponse {
+  /** In the order of the requests. */
   facts: Fact[];
 }
 
+/** RetireFactRequest names a fact to retire. */
 export interface RetireFactRequest {
+  /** The project of the fact. Required. */
   projectId: string;
+  /** The fact's id (a UUID). Required. */
   factId: string;
+  /** Why, stored as the fact's status_reason (at most 4000 characters). */
   reason: string;
 }
 
+/** RetireFactResponse is the retired fact. */
 export interface RetireFactResponse {
+  /** The fact, now FACT_STATUS_RETIRED with recorded_to set. */
   fact: Fact | undefined;
 }
 
+/** SupersedeFactRequest names a fact and the fact that replaces it. */
 export interface SupersedeFactRequest {
+  /** The project of both facts. Required. */
   projectId: string;
-  /** The fact that is replaced. */
+  /** The fact that is replaced (a UUID). Required. */
   factId: string;
-  /** The active fact of the same scope that replaces it. */
+  /** The active fact of the same scope that replaces it (a UUID, not fact_id). Required. */
   supersededByFactId: string;
 }
 
+/** SupersedeFactResponse is the replaced fact. */
 export interface SupersedeFactResponse {
+  /**
+   * The old fact, now FACT_STATUS_SUPERSEDED, its valid_to the successor's valid_from (or the
+   * time of the supersession), never later than it was.
+   */
   fact: Fact | undefined;
 }
 
+/** ListFactsRequest asks for a page of a scope's facts. */
 export interface ListFactsRequest {
+  /** The project. Required. */
   projectId: string;
+  /** The subject. Required. */
   subjectId: string;
   /** The facts valid at that instant as recorded then; unset means now. */
-  asOf: Date | undefined;
+  asOf:
+    | Date
+    | undefined;
+  /**
+   * Every fact recorded by as_of, whatever its status or validity; false: only those valid
+   * then.
+   */
   includeInactive: boolean;
+  /**
+   * The most facts to return: 0 means 100; above 1000 means 1000; negative is
+   * INVALID_ARGUMENT.
+   */
   pageSize: number;
+  /**
+   * Empty for the first page; else a ListFactsResponse.next_page_token of the same listing
+   * (same project, subject, as_of and include_inactive), else INVALID_ARGUMENT.
+   */
   pageToken: string;
 }
 
+/** ListFactsResponse is a page of facts. */
 export interface ListFactsResponse {
+  /** By (recorded_from, id), oldest first; each in its current state. */
   facts: Fact[];
+  /**
+   * The token of the next page; empty on the last page. Later pages list the snapshot of the
+   * first one.
+   */
   nextPageToken: string;
 }
 
+/** OpenConflictRequest names facts that disagree. */
 export interface OpenConflictRequest {
+  /** The project. Required. */
   projectId: string;
+  /** The subject of every fact. Required. */
   subjectId: string;
+  /**
+   * At least 2 distinct active facts of the scope (UUIDs, at most 100; duplicates dropped),
+   * none already in an open conflict.
+   */
   factIds: string[];
+  /** Why they conflict, for people (at most 4000 characters). */
   note: string;
 }
 
+/** OpenConflictResponse is the opened conflict. */
 export interface OpenConflictResponse {
+  /** The conflict, CONFLICT_STATUS_OPEN. */
   conflict: Conflict | undefined;
 }
 
+/** ResolveConflictRequest names a conflict and its winner. */
 export interface ResolveConflictRequest {
+  /** The project. Required. */
   projectId: string;
+  /** The open conflict (a UUID). Required. */
   conflictId: string;
+  /** The member that stays active (a UUID). Required. */
   winningFactId: string;
 }
 
+/** ResolveConflictResponse is the resolved conflict. */
 export interface ResolveConflictResponse {
+  /** The conflict, CONFLICT_STATUS_RESOLVED; its other members are now superseded by the winner. */
   conflict: Conflict | undefined;
 }
 
+/** ListConflictsRequest asks for a page of a scope's conflicts. */
 export interface ListConflictsRequest {
+  /** The project. Required. */
   projectId: string;
+  /** The subject. Required. */
   subjectId: string;
+  /** Resolved conflicts too; false: only open ones. */
   includeResolved: boolean;
+  /**
+   * The most conflicts to return: 0 means 100; above 1000 means 1000; negative is
+   * INVALID_ARGUMENT.
+   */
+  pageSize: number;
+  /**
+   * Empty for the first page; else a ListConflictsResponse.next_page_token of the same listing
+   * (same project, subject and include_resolved), else INVALID_ARGUMENT.
+   */
+  pageToken: string;
 }
 
+/** ListConflictsResponse is a page of conflicts. */
 export interface ListConflictsResponse {
+  /** Newest opened_at first (then by id). */
   conflicts: Conflict[];
+  /**
+   * The token of the next page; empty on the last page. Conflicts opened after the first page
+   * was read are not listed by later pages.
+   */
+  nextPageToken: string;
 }
 
 function createBaseEvent(): Event {
@@ -3266,7 +3500,7 @@ export const ResolveConflictResponse: MessageFns<ResolveConflictResponse> = {
 };
 
 function createBaseListConflictsRequest(): ListConflictsRequest {
-  return { projectId: "", subjectId: "", includeResolved: false };
+  return { projectId: "", subjectId: "", includeResolved: false, pageSize: 0, pageToken: "" };
 }
 
 export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
@@ -3279,6 +3513,12 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     }
     if (message.includeResolved !== false) {
       writer.uint32(24).bool(message.includeResolved);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(32).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(42).string(message.pageToken);
     }
     return writer;
   },
@@ -3320,6 +3560,22 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
             message.includeResolved = reader.bool();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3349,6 +3605,16 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
         : isSet(object.include_resolved)
         ? globalThis.Boolean(object.include_resolved)
         : false,
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -3363,6 +3629,12 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     if (message.includeResolved !== false) {
       obj.includeResolved = message.includeResolved;
     }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
@@ -3374,18 +3646,23 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     message.projectId = object.projectId ?? "";
     message.subjectId = object.subjectId ?? "";
     message.includeResolved = object.includeResolved ?? false;
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
 
 function createBaseListConflictsResponse(): ListConflictsResponse {
-  return { conflicts: [] };
+  return { conflicts: [], nextPageToken: "" };
 }
 
 export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
   encode(message: ListConflictsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.conflicts) {
       Conflict.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
     }
     return writer;
   },
@@ -3411,6 +3688,14 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
             message.conflicts.push(Conflict.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3428,6 +3713,11 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
       conflicts: globalThis.Array.isArray(object?.conflicts)
         ? object.conflicts.map((e: any) => Conflict.fromJSON(e))
         : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -3435,6 +3725,9 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
     const obj: any = {};
     if (message.conflicts?.length) {
       obj.conflicts = message.conflicts.map((e) => Conflict.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
     }
     return obj;
   },
@@ -3445,6 +3738,7 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
   fromPartial<I extends Exact<DeepPartial<ListConflictsResponse>, I>>(object: I): ListConflictsResponse {
     const message = createBaseListConflictsResponse();
     message.conflicts = object.conflicts?.map((e) => Conflict.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
@@ -3452,10 +3746,25 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
 /**
  * MemoryService is the write path: events, facts, their lifecycle and conflicts.
  * Embeddings are always computed by the server.
+ *
+ * A scope is a (`project_id`, `subject_id`) pair of caller-chosen ids (1 to 200 characters, no
+ * surrounding spaces or control characters); events, facts and conflicts belong to one scope,
+ * and references between them never cross scopes. Server-assigned ids are UUIDs.
+ *
+ * Errors, all with a `google.rpc.ErrorInfo` reason and, for bad fields, a
+ * `google.rpc.BadRequest` naming each (paths such as `requests[3].source_event_ids[1]`):
+ * INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
+ * than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
+ * CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
+ * included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+ * a conflict already resolved. Each request is one transaction: a failed request writes nothing.
  */
 export type MemoryServiceService = typeof MemoryServiceService;
 export const MemoryServiceService = {
-  /** RecordEvent stores one event of a scope; a repeated idempotency key returns the first event. */
+  /**
+   * RecordEvent stores one event of a scope; a repeated idempotency key returns the first event
+   * (created = false) and writes nothing.
+   */
   recordEvent: {
     path: "/satchel.v1.MemoryService/RecordEvent" as const,
     requestStream: false as const,
@@ -3465,7 +3774,10 @@ export const MemoryServiceService = {
     responseSerialize: (value: RecordEventResponse): Buffer => Buffer.from(RecordEventResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RecordEventResponse => RecordEventResponse.decode(value),
   },
-  /** BatchRecordEvents stores many events in one transaction, embedding them in batches. */
+  /**
+   * BatchRecordEvents stores 1 to 1000 events in one transaction (all or nothing), embedding
+   * them in batches.
+   */
   batchRecordEvents: {
     path: "/satchel.v1.MemoryService/BatchRecordEvents" as const,
     requestStream: false as const,
@@ -3477,7 +3789,7 @@ export const MemoryServiceService = {
       Buffer.from(BatchRecordEventsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): BatchRecordEventsResponse => BatchRecordEventsResponse.decode(value),
   },
-  /** ListEvents lists the events of a scope, newest first. */
+  /** ListEvents lists the events of a scope, newest occurred_at first, page by page (AIP-158). */
   listEvents: {
     path: "/satchel.v1.MemoryService/ListEvents" as const,
     requestStream: false as const,
@@ -3487,7 +3799,10 @@ export const MemoryServiceService = {
     responseSerialize: (value: ListEventsResponse): Buffer => Buffer.from(ListEventsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListEventsResponse => ListEventsResponse.decode(value),
   },
-  /** AssertFact stores an active fact; a repeated idempotency key returns the first fact. */
+  /**
+   * AssertFact stores an active fact; a repeated idempotency key returns the first fact
+   * (created = false) and writes nothing.
+   */
   assertFact: {
     path: "/satchel.v1.MemoryService/AssertFact" as const,
     requestStream: false as const,
@@ -3497,7 +3812,10 @@ export const MemoryServiceService = {
     responseSerialize: (value: AssertFactResponse): Buffer => Buffer.from(AssertFactResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): AssertFactResponse => AssertFactResponse.decode(value),
   },
-  /** BatchAssertFacts stores many facts in one transaction, embedding them in batches. */
+  /**
+   * BatchAssertFacts stores 1 to 1000 facts in one transaction (all or nothing), embedding them
+   * in batches.
+   */
   batchAssertFacts: {
     path: "/satchel.v1.MemoryService/BatchAssertFacts" as const,
     requestStream: false as const,
@@ -3509,7 +3827,12 @@ export const MemoryServiceService = {
       Buffer.from(BatchAssertFactsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): BatchAssertFactsResponse => BatchAssertFactsResponse.decode(value),
   },
-  /** RetireFact marks a fact retired; it is kept for history and as-of reads. */
+  /**
+   * RetireFact marks an active fact retired; it is kept for history and as-of reads.
+   *
+   * Errors: NOT_FOUND (FACT_NOT_FOUND) for an unknown fact; FAILED_PRECONDITION
+   * (FACT_NOT_ACTIVE) for a fact that is not active.
+   */
   retireFact: {
     path: "/satchel.v1.MemoryService/RetireFact" as const,
     requestStream: false as const,
@@ -3519,7 +3842,13 @@ export const MemoryServiceService = {
     responseSerialize: (value: RetireFactResponse): Buffer => Buffer.from(RetireFactResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RetireFactResponse => RetireFactResponse.decode(value),
   },
-  /** SupersedeFact marks a fact superseded by another fact of the same scope. */
+  /**
+   * SupersedeFact marks an active fact superseded by another active fact of the same scope.
+   *
+   * Errors: NOT_FOUND for an unknown fact; FAILED_PRECONDITION when either fact is not active;
+   * INVALID_ARGUMENT when both ids are the same, or (CROSS_SCOPE_REFERENCE) when the facts are
+   * of two subjects.
+   */
   supersedeFact: {
     path: "/satchel.v1.MemoryService/SupersedeFact" as const,
     requestStream: false as const,
@@ -3530,7 +3859,10 @@ export const MemoryServiceService = {
       Buffer.from(SupersedeFactResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SupersedeFactResponse => SupersedeFactResponse.decode(value),
   },
-  /** ListFacts lists the facts of a scope, optionally as they stood at an instant. */
+  /**
+   * ListFacts lists the facts of a scope, optionally as they stood at an instant, by
+   * (recorded_from, id), page by page (AIP-158).
+   */
   listFacts: {
     path: "/satchel.v1.MemoryService/ListFacts" as const,
     requestStream: false as const,
@@ -3540,7 +3872,12 @@ export const MemoryServiceService = {
     responseSerialize: (value: ListFactsResponse): Buffer => Buffer.from(ListFactsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListFactsResponse => ListFactsResponse.decode(value),
   },
-  /** OpenConflict groups two or more facts of a scope whose values disagree; they are blocked from context. */
+  /**
+   * OpenConflict groups two or more active facts of a scope whose values disagree; they are
+   * blocked from context (conflict_open) until the conflict is resolved.
+   *
+   * Errors: FAILED_PRECONDITION when a fact is not active or already in an open conflict.
+   */
   openConflict: {
     path: "/satchel.v1.MemoryService/OpenConflict" as const,
     requestStream: false as const,
@@ -3551,7 +3888,13 @@ export const MemoryServiceService = {
       Buffer.from(OpenConflictResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): OpenConflictResponse => OpenConflictResponse.decode(value),
   },
-  /** ResolveConflict closes a conflict with a winning fact; the other members become superseded. */
+  /**
+   * ResolveConflict closes an open conflict with a winning member; the other members become
+   * superseded by it.
+   *
+   * Errors: NOT_FOUND (CONFLICT_NOT_FOUND); FAILED_PRECONDITION (CONFLICT_NOT_OPEN) for a
+   * resolved conflict; INVALID_ARGUMENT (NOT_A_CONFLICT_MEMBER) when the winner is not a member.
+   */
   resolveConflict: {
     path: "/satchel.v1.MemoryService/ResolveConflict" as const,
     requestStream: false as const,
@@ -3563,7 +3906,10 @@ export const MemoryServiceService = {
       Buffer.from(ResolveConflictResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResolveConflictResponse => ResolveConflictResponse.decode(value),
   },
-  /** ListConflicts lists the conflicts of a scope. */
+  /**
+   * ListConflicts lists the conflicts of a scope, newest opened_at first, page by page
+   * (AIP-158).
+   */
   listConflicts: {
     path: "/satchel.v1.MemoryService/ListConflicts" as const,
     requestStream: false as const,
@@ -3577,32 +3923,75 @@ export const MemoryServiceService = {
 } as const;
 
 export interface MemoryServiceServer extends UntypedServiceImplementation {
-  /** RecordEvent stores one event of a scope; a repeated idempotency key returns the first event. */
+  /**
+   * RecordEvent stores one event of a scope; a repeated idempotency key returns the first event
+   * (created = false) and writes nothing.
+   */
   recordEvent: handleUnaryCall<RecordEventRequest, RecordEventResponse>;
-  /** BatchRecordEvents stores many events in one transaction, embedding them in batches. */
+  /**
+   * BatchRecordEvents stores 1 to 1000 events in one transaction (all or nothing), embedding
+   * them in batches.
+   */
   batchRecordEvents: handleUnaryCall<BatchRecordEventsRequest, BatchRecordEventsResponse>;
-  /** ListEvents lists the events of a scope, newest first. */
+  /** ListEvents lists the events of a scope, newest occurred_at first, page by page (AIP-158). */
   listEvents: handleUnaryCall<ListEventsRequest, ListEventsResponse>;
-  /** AssertFact stores an active fact; a repeated idempotency key returns the first fact. */
+  /**
+   * AssertFact stores an active fact; a repeated idempotency key returns the first fact
+   * (created = false) and writes nothing.
+   */
   assertFact: handleUnaryCall<AssertFactRequest, AssertFactResponse>;
-  /** BatchAssertFacts stores many facts in one transaction, embedding them in batches. */
+  /**
+   * BatchAssertFacts stores 1 to 1000 facts in one transaction (all or nothing), embedding them
+   * in batches.
+   */
   batchAssertFacts: handleUnaryCall<BatchAssertFactsRequest, BatchAssertFactsResponse>;
-  /** RetireFact marks a fact retired; it is kept for history and as-of reads. */
+  /**
+   * RetireFact marks an active fact retired; it is kept for history and as-of reads.
+   *
+   * Errors: NOT_FOUND (FACT_NOT_FOUND) for an unknown fact; FAILED_PRECONDITION
+   * (FACT_NOT_ACTIVE) for a fact that is not active.
+   */
   retireFact: handleUnaryCall<RetireFactRequest, RetireFactResponse>;
-  /** SupersedeFact marks a fact superseded by another fact of the same scope. */
+  /**
+   * SupersedeFact marks an active fact superseded by another active fact of the same scope.
+   *
+   * Errors: NOT_FOUND for an unknown fact; FAILED_PRECONDITION when either fact is not active;
+   * INVALID_ARGUMENT when both ids are the same, or (CROSS_SCOPE_REFERENCE) when the facts are
+   * of two subjects.
+   */
   supersedeFact: handleUnaryCall<SupersedeFactRequest, SupersedeFactResponse>;
-  /** ListFacts lists the facts of a scope, optionally as they stood at an instant. */
+  /**
+   * ListFacts lists the facts of a scope, optionally as they stood at an instant, by
+   * (recorded_from, id), page by page (AIP-158).
+   */
   listFacts: handleUnaryCall<ListFactsRequest, ListFactsResponse>;
-  /** OpenConflict groups two or more facts of a scope whose values disagree; they are blocked from context. */
+  /**
+   * OpenConflict groups two or more active facts of a scope whose values disagree; they are
+   * blocked from context (conflict_open) until the conflict is resolved.
+   *
+   * Errors: FAILED_PRECONDITION when a fact is not active or already in an open conflict.
+   */
   openConflict: handleUnaryCall<OpenConflictRequest, OpenConflictResponse>;
-  /** ResolveConflict closes a conflict with a winning fact; the other members become superseded. */
+  /**
+   * ResolveConflict closes an open conflict with a winning member; the other members become
+   * superseded by it.
+   *
+   * Errors: NOT_FOUND (CONFLICT_NOT_FOUND); FAILED_PRECONDITION (CONFLICT_NOT_OPEN) for a
+   * resolved conflict; INVALID_ARGUMENT (NOT_A_CONFLICT_MEMBER) when the winner is not a member.
+   */
   resolveConflict: handleUnaryCall<ResolveConflictRequest, ResolveConflictResponse>;
-  /** ListConflicts lists the conflicts of a scope. */
+  /**
+   * ListConflicts lists the conflicts of a scope, newest opened_at first, page by page
+   * (AIP-158).
+   */
   listConflicts: handleUnaryCall<ListConflictsRequest, ListConflictsResponse>;
 }
 
 export interface MemoryServiceClient extends Client {
-  /** RecordEvent stores one event of a scope; a repeated idempotency key returns the first event. */
+  /**
+   * RecordEvent stores one event of a scope; a repeated idempotency key returns the first event
+   * (created = false) and writes nothing.
+   */
   recordEvent(
     request: RecordEventRequest,
     callback: (error: ServiceError | null, response: RecordEventResponse) => void,
@@ -3618,7 +4007,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RecordEventResponse) => void,
   ): ClientUnaryCall;
-  /** BatchRecordEvents stores many events in one transaction, embedding them in batches. */
+  /**
+   * BatchRecordEvents stores 1 to 1000 events in one transaction (all or nothing), embedding
+   * them in batches.
+   */
   batchRecordEvents(
     request: BatchRecordEventsRequest,
     callback: (error: ServiceError | null, response: BatchRecordEventsResponse) => void,
@@ -3634,7 +4026,7 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: BatchRecordEventsResponse) => void,
   ): ClientUnaryCall;
-  /** ListEvents lists the events of a scope, newest first. */
+  /** ListEvents lists the events of a scope, newest occurred_at first, page by page (AIP-158). */
   listEvents(
     request: ListEventsRequest,
     callback: (error: ServiceError | null, response: ListEventsResponse) => void,
@@ -3650,7 +4042,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListEventsResponse) => void,
   ): ClientUnaryCall;
-  /** AssertFact stores an active fact; a repeated idempotency key returns the first fact. */
+  /**
+   * AssertFact stores an active fact; a repeated idempotency key returns the first fact
+   * (created = false) and writes nothing.
+   */
   assertFact(
     request: AssertFactRequest,
     callback: (error: ServiceError | null, response: AssertFactResponse) => void,
@@ -3666,7 +4061,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: AssertFactResponse) => void,
   ): ClientUnaryCall;
-  /** BatchAssertFacts stores many facts in one transaction, embedding them in batches. */
+  /**
+   * BatchAssertFacts stores 1 to 1000 facts in one transaction (all or nothing), embedding them
+   * in batches.
+   */
   batchAssertFacts(
     request: BatchAssertFactsRequest,
     callback: (error: ServiceError | null, response: BatchAssertFactsResponse) => void,
@@ -3682,7 +4080,12 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: BatchAssertFactsResponse) => void,
   ): ClientUnaryCall;
-  /** RetireFact marks a fact retired; it is kept for history and as-of reads. */
+  /**
+   * RetireFact marks an active fact retired; it is kept for history and as-of reads.
+   *
+   * Errors: NOT_FOUND (FACT_NOT_FOUND) for an unknown fact; FAILED_PRECONDITION
+   * (FACT_NOT_ACTIVE) for a fact that is not active.
+   */
   retireFact(
     request: RetireFactRequest,
     callback: (error: ServiceError | null, response: RetireFactResponse) => void,
@@ -3698,7 +4101,13 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RetireFactResponse) => void,
   ): ClientUnaryCall;
-  /** SupersedeFact marks a fact superseded by another fact of the same scope. */
+  /**
+   * SupersedeFact marks an active fact superseded by another active fact of the same scope.
+   *
+   * Errors: NOT_FOUND for an unknown fact; FAILED_PRECONDITION when either fact is not active;
+   * INVALID_ARGUMENT when both ids are the same, or (CROSS_SCOPE_REFERENCE) when the facts are
+   * of two subjects.
+   */
   supersedeFact(
     request: SupersedeFactRequest,
     callback: (error: ServiceError | null, response: SupersedeFactResponse) => void,
@@ -3714,7 +4123,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SupersedeFactResponse) => void,
   ): ClientUnaryCall;
-  /** ListFacts lists the facts of a scope, optionally as they stood at an instant. */
+  /**
+   * ListFacts lists the facts of a scope, optionally as they stood at an instant, by
+   * (recorded_from, id), page by page (AIP-158).
+   */
   listFacts(
     request: ListFactsRequest,
     callback: (error: ServiceError | null, response: ListFactsResponse) => void,
@@ -3730,7 +4142,12 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListFactsResponse) => void,
   ): ClientUnaryCall;
-  /** OpenConflict groups two or more facts of a scope whose values disagree; they are blocked from context. */
+  /**
+   * OpenConflict groups two or more active facts of a scope whose values disagree; they are
+   * blocked from context (conflict_open) until the conflict is resolved.
+   *
+   * Errors: FAILED_PRECONDITION when a fact is not active or already in an open conflict.
+   */
   openConflict(
     request: OpenConflictRequest,
     callback: (error: ServiceError | null, response: OpenConflictResponse) => void,
@@ -3746,7 +4163,13 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: OpenConflictResponse) => void,
   ): ClientUnaryCall;
-  /** ResolveConflict closes a conflict with a winning fact; the other members become superseded. */
+  /**
+   * ResolveConflict closes an open conflict with a winning member; the other members become
+   * superseded by it.
+   *
+   * Errors: NOT_FOUND (CONFLICT_NOT_FOUND); FAILED_PRECONDITION (CONFLICT_NOT_OPEN) for a
+   * resolved conflict; INVALID_ARGUMENT (NOT_A_CONFLICT_MEMBER) when the winner is not a member.
+   */
   resolveConflict(
     request: ResolveConflictRequest,
     callback: (error: ServiceError | null, response: ResolveConflictResponse) => void,
@@ -3762,7 +4185,10 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResolveConflictResponse) => void,
   ): ClientUnaryCall;
-  /** ListConflicts lists the conflicts of a scope. */
+  /**
+   * ListConflicts lists the conflicts of a scope, newest opened_at first, page by page
+   * (AIP-158).
+   */
   listConflicts(
     request: ListConflictsRequest,
     callback: (error: ServiceError | null, response: ListConflictsResponse) => void,

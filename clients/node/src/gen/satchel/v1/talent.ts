@@ -26,7 +26,7 @@ export const protobufFileName = "satchel/v1/talent.proto";
 
 /** RelevanceMode says how the task filters talents. */
 export enum RelevanceMode {
-  /** RELEVANCE_MODE_UNSPECIFIED - The server's default (SATCHEL_TALENT_RELEVANCE). */
+  /** RELEVANCE_MODE_UNSPECIFIED - The server's default (SATCHEL_TALENT_RELEVANCE, `off` unless configured). */
   RELEVANCE_MODE_UNSPECIFIED = 0,
   /** RELEVANCE_MODE_OFF - Every active talent of the role; the task only orders them. */
   RELEVANCE_MODE_OFF = 1,
@@ -69,21 +69,35 @@ export function relevanceModeToJSON(object: RelevanceMode): string {
 
 /** Talent is a skill, rule or instruction an agent can receive. */
 export interface Talent {
-  /** A dotted id such as "architecture.hexagonal". */
+  /**
+   * A dotted id such as "architecture.hexagonal" (1 to 200 characters), unique in the
+   * catalogue.
+   */
   id: string;
+  /** A human-readable name (1 to 200 characters); it heads the talent in the compiled block. */
   name: string;
+  /**
+   * One or two sentences on what the talent is for (at most 32000 characters); embedded for
+   * relevance.
+   */
   summary: string;
+  /** The text the agent receives (at most 200000 characters). */
   body: string;
+  /** Keywords (at most 100, each 1 to 200 characters); embedded and matched by stems. */
   tags: string[];
+  /** Words or phrases of tasks that call for it (at most 100); embedded and matched by stems. */
   triggers: string[];
+  /** Kinds of task it serves, such as "feature" (at most 100); matched by stems. */
   taskTypes: string[];
-  /** Roles that may receive it; empty means every role. */
+  /** Roles that may receive it; empty means every role (at most 100 ids). */
   roles: string[];
-  /** Hard edges: always served with this talent. */
+  /** Hard edges: always served with this talent (at most 100 talent ids, never its own). */
   requires: string[];
+  /** Hard edges like requires: served with this talent (at most 100 talent ids). */
   includes: string[];
-  /** Soft edges: still subject to relevance. */
+  /** Soft edges: still subject to relevance (at most 100 talent ids). */
   recommends: string[];
+  /** When the talent was last created or replaced; set by the server. */
   updatedAt:
     | Date
     | undefined;
@@ -96,13 +110,22 @@ export interface Talent {
 
 /** SelectedTalent is a talent the agent receives, with why. */
 export interface SelectedTalent {
+  /** The talent's id. */
   talentId: string;
+  /** The talent's name. */
   name: string;
+  /**
+   * The score the talent was ranked by: with relevance on, centred similarity + beta x stem
+   * hits; a pinned talent is never scored.
+   */
   score: number;
+  /** The centred cosine similarity between the task and the talent. */
   similarity: number;
+  /** How many stems of the task the talent's tags, triggers and task types share. */
   stemHits: number;
   /** pinned | relevance | fallback_top3 | requires_closure | relevance_off. */
   reason: string;
+  /** Estimated tokens of the talent's body. */
   tokens: number;
   /** With requires_closure: the selected talent whose requires/includes pulled this one in. */
   requiredBy: string;
@@ -110,13 +133,19 @@ export interface SelectedTalent {
 
 /** ExcludedTalent is a candidate the agent does not receive, with why. */
 export interface ExcludedTalent {
+  /** The talent's id. */
   talentId: string;
   /** below_margin | over_budget | non_positive | out_of_domain | not_active. */
   reason: string;
+  /** The relevance score, as in SelectedTalent. */
   score: number;
+  /** The talent's name. */
   name: string;
+  /** The centred cosine similarity between the task and the talent. */
   similarity: number;
+  /** How many stems of the task the talent shares. */
   stemHits: number;
+  /** Estimated tokens of the talent's body. */
   tokens: number;
   /** With not_active: the selected talent that requires/includes this inactive one. */
   requiredBy: string;
@@ -124,14 +153,28 @@ export interface ExcludedTalent {
 
 /** TalentSelection is the outcome of ResolveTalents. */
 export interface TalentSelection {
+  /** The talents the agent receives, in the order of the compiled block. */
   selected: SelectedTalent[];
+  /** The candidates it does not receive, with why. */
   excluded: ExcludedTalent[];
+  /**
+   * True when no talent is close enough to the task (max similarity below floor and no shared
+   * stem): only pinned talents and their closure are served.
+   */
   outOfDomain: boolean;
+  /**
+   * A sentence for people when the cut kept nothing: "no specific talent for this task" (out
+   * of domain), "no talent passed the cut; kept the top 3 by score" or "no candidate talents";
+   * else empty.
+   */
   note: string;
   /** The rendered block the agent receives: the selected bodies in order. */
   compiled: string;
+  /** Estimated tokens of the selected talents. */
   tokensSelected: number;
+  /** Estimated tokens of every candidate of the role, pinned ones included. */
   tokensCandidates: number;
+  /** The mode in effect (never UNSPECIFIED). */
   relevance: RelevanceMode;
   /** The selection parameters in effect (server defaults or the request's overrides). */
   params: TalentSelectionParams | undefined;
@@ -139,9 +182,16 @@ export interface TalentSelection {
 
 /** TalentSelectionParams are the tunables of the relevance cut. */
 export interface TalentSelectionParams {
+  /**
+   * The out-of-domain gate: below this best similarity, with no shared stem, nothing is
+   * selected by relevance. In [-1, 1].
+   */
   floor: number;
+  /** The weight of each shared stem in the score. In [0, 10]. */
   beta: number;
+  /** Talents scoring below (top score - margin) are cut (below_margin). In [0, 10]. */
   margin: number;
+  /** The token budget of the selection, pinned talents first. */
   budgetTokens: number;
 }
 
@@ -149,63 +199,126 @@ export interface TalentSelectionParams {
 export interface DiagnosisFinding {
   /** required_not_active | unknown_edge_target | requires_cycle | unreachable_by_role. */
   code: string;
+  /** The talent the finding is about. */
   talentId: string;
+  /** What is wrong, for people (such as "requires a.missing"). */
   detail: string;
 }
 
+/** UpsertTalentRequest is a talent to create or replace. */
 export interface UpsertTalentRequest {
+  /** The talent; its id says which one. Required. */
   talent: Talent | undefined;
 }
 
+/** UpsertTalentResponse is the stored talent. */
 export interface UpsertTalentResponse {
-  talent: Talent | undefined;
+  /** The talent as stored (updated_at set). */
+  talent:
+    | Talent
+    | undefined;
+  /** True when the id was new; false when an existing talent was replaced. */
   created: boolean;
 }
 
+/** ListTalentsRequest asks for a page of the catalogue, or of a project's talents. */
 export interface ListTalentsRequest {
   /** When set, the response also says which talents are active on this project. */
   projectId: string;
-  /** With project_id: only the project's active talents. */
+  /**
+   * With project_id: only the project's active talents (without project_id:
+   * INVALID_ARGUMENT).
+   */
   activeOnly: boolean;
+  /**
+   * The most talents to return: 0 means 100; above 1000 means 1000; negative is
+   * INVALID_ARGUMENT.
+   */
+  pageSize: number;
+  /**
+   * Empty for the first page; else a ListTalentsResponse.next_page_token of the same listing
+   * (same project_id and active_only), else INVALID_ARGUMENT.
+   */
+  pageToken: string;
 }
 
+/** ListTalentsResponse is a page of talents. */
 export interface ListTalentsResponse {
+  /** By id. */
   talents: Talent[];
+  /** With project_id: the ids of this page's talents that are active on the project, sorted. */
   activeTalentIds: string[];
+  /**
+   * The token of the next page; empty on the last page. The listing is not a snapshot: a talent
+   * upserted meanwhile is listed when its id comes after the page's last id.
+   */
+  nextPageToken: string;
 }
 
+/** SetTalentActivationRequest turns a talent on or off for a project. */
 export interface SetTalentActivationRequest {
+  /** The project. Required. */
   projectId: string;
+  /** A talent of the catalogue. Required. */
   talentId: string;
+  /** True to activate, false to deactivate. */
   active: boolean;
 }
 
+/** SetTalentActivationResponse echoes the activation now in effect. */
 export interface SetTalentActivationResponse {
+  /** The project. */
   projectId: string;
+  /** The talent. */
   talentId: string;
+  /** Whether the talent is now active on the project. */
   active: boolean;
 }
 
+/** ResolveTalentsRequest asks which talents an agent receives for a task. */
 export interface ResolveTalentsRequest {
+  /** The project whose active talents are candidates. Required. */
   projectId: string;
+  /**
+   * The agent's role; empty: only the talents for every role (empty roles). At most 200
+   * characters.
+   */
   role: string;
+  /**
+   * The task, such as "Implement the UpdateProject use case". At most 8000 characters;
+   * required with relevance on.
+   */
   task: string;
+  /** How the task filters talents; UNSPECIFIED: the server's default. */
   relevance: RelevanceMode;
-  /** Token budget of the relevance cut; the server's default when unset. */
+  /**
+   * Token budget of the relevance cut; the server's default when unset (2000 for the bundled
+   * models). In [1, 100000].
+   */
   budgetTokens?:
     | number
     | undefined;
-  /** Per-request overrides of the server's selection parameters. */
-  floor?: number | undefined;
-  beta?: number | undefined;
+  /** Overrides TalentSelectionParams.floor; in [-1, 1]. */
+  floor?:
+    | number
+    | undefined;
+  /** Overrides TalentSelectionParams.beta; in [0, 10]. */
+  beta?:
+    | number
+    | undefined;
+  /** Overrides TalentSelectionParams.margin; in [0, 10]. */
   margin?: number | undefined;
 }
 
+/** ResolveTalentsResponse is the selection. */
 export interface ResolveTalentsResponse {
+  /** What the agent receives, what it does not, and why. */
   selection: TalentSelection | undefined;
 }
 
+/** DiagnoseProjectRequest names the project to diagnose. */
 export interface DiagnoseProjectRequest {
+  /** The project. Required. */
   projectId: string;
   /**
    * Roles the project's agents use, added to the server's configured roles
@@ -214,7 +327,9 @@ export interface DiagnoseProjectRequest {
   roles: string[];
 }
 
+/** DiagnoseProjectResponse is the doctor's report. */
 export interface DiagnoseProjectResponse {
+  /** The findings, sorted by (code, talent_id, detail); empty when nothing is wrong. */
   findings: DiagnosisFinding[];
   /** The roles the role check used, sorted; empty when none is known (check skipped). */
   rolesKnown: string[];
@@ -1499,7 +1614,7 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
 };
 
 function createBaseListTalentsRequest(): ListTalentsRequest {
-  return { projectId: "", activeOnly: false };
+  return { projectId: "", activeOnly: false, pageSize: 0, pageToken: "" };
 }
 
 export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
@@ -1509,6 +1624,12 @@ export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
     }
     if (message.activeOnly !== false) {
       writer.uint32(16).bool(message.activeOnly);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(24).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(34).string(message.pageToken);
     }
     return writer;
   },
@@ -1542,6 +1663,22 @@ export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
             message.activeOnly = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1566,6 +1703,16 @@ export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
         : isSet(object.active_only)
         ? globalThis.Boolean(object.active_only)
         : false,
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -1577,6 +1724,12 @@ export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
     if (message.activeOnly !== false) {
       obj.activeOnly = message.activeOnly;
     }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
@@ -1587,12 +1740,14 @@ export const ListTalentsRequest: MessageFns<ListTalentsRequest> = {
     const message = createBaseListTalentsRequest();
     message.projectId = object.projectId ?? "";
     message.activeOnly = object.activeOnly ?? false;
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
 
 function createBaseListTalentsResponse(): ListTalentsResponse {
-  return { talents: [], activeTalentIds: [] };
+  return { talents: [], activeTalentIds: [], nextPageToken: "" };
 }
 
 export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
@@ -1602,6 +1757,9 @@ export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
     }
     for (const v of message.activeTalentIds) {
       writer.uint32(18).string(v!);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(26).string(message.nextPageToken);
     }
     return writer;
   },
@@ -1635,6 +1793,14 @@ export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
             message.activeTalentIds.push(reader.string());
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1655,6 +1821,11 @@ export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
         : globalThis.Array.isArray(object?.active_talent_ids)
         ? object.active_talent_ids.map((e: any) => globalThis.String(e))
         : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -1666,6 +1837,9 @@ export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
     if (message.activeTalentIds?.length) {
       obj.activeTalentIds = message.activeTalentIds;
     }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
     return obj;
   },
 
@@ -1676,6 +1850,7 @@ export const ListTalentsResponse: MessageFns<ListTalentsResponse> = {
     const message = createBaseListTalentsResponse();
     message.talents = object.talents?.map((e) => Talent.fromPartial(e)) || [];
     message.activeTalentIds = object.activeTalentIds?.map((e) => e) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
@@ -2348,10 +2523,19 @@ export const DiagnoseProjectResponse: MessageFns<DiagnoseProjectResponse> = {
 /**
  * TalentService keeps the catalogue of talents (skills, rules, instructions for coding agents),
  * their activation per project, and selects which ones an agent receives for a task.
+ *
+ * The catalogue is shared by every project; activation is per project. Ids (talents, projects,
+ * roles) are 1 to 200 characters without surrounding spaces or control characters. Invalid
+ * requests fail with INVALID_ARGUMENT carrying a `google.rpc.BadRequest` that names every bad
+ * field (paths such as `talent.requires[0]`).
  */
 export type TalentServiceService = typeof TalentServiceService;
 export const TalentServiceService = {
-  /** UpsertTalent creates or replaces a talent of the catalogue. */
+  /**
+   * UpsertTalent creates or replaces a talent of the catalogue (every field is replaced; edge
+   * lists lose their duplicates). Edges to unknown talents are kept (the doctor reports them);
+   * an edge to the talent itself is INVALID_ARGUMENT.
+   */
   upsertTalent: {
     path: "/satchel.v1.TalentService/UpsertTalent" as const,
     requestStream: false as const,
@@ -2362,7 +2546,10 @@ export const TalentServiceService = {
       Buffer.from(UpsertTalentResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): UpsertTalentResponse => UpsertTalentResponse.decode(value),
   },
-  /** ListTalents lists the catalogue, or the talents of a project with their activation. */
+  /**
+   * ListTalents lists the catalogue, or the talents of a project with their activation, by id,
+   * page by page (AIP-158).
+   */
   listTalents: {
     path: "/satchel.v1.TalentService/ListTalents" as const,
     requestStream: false as const,
@@ -2372,7 +2559,11 @@ export const TalentServiceService = {
     responseSerialize: (value: ListTalentsResponse): Buffer => Buffer.from(ListTalentsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListTalentsResponse => ListTalentsResponse.decode(value),
   },
-  /** SetTalentActivation turns a talent on or off for a project. */
+  /**
+   * SetTalentActivation turns a talent on or off for a project.
+   *
+   * Errors: NOT_FOUND (reason TALENT_NOT_FOUND) when the talent is not in the catalogue.
+   */
   setTalentActivation: {
     path: "/satchel.v1.TalentService/SetTalentActivation" as const,
     requestStream: false as const,
@@ -2384,7 +2575,11 @@ export const TalentServiceService = {
       Buffer.from(SetTalentActivationResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SetTalentActivationResponse => SetTalentActivationResponse.decode(value),
   },
-  /** ResolveTalents selects the talents an agent of a role receives for a task. */
+  /**
+   * ResolveTalents selects the talents an agent of a role receives for a task: among the
+   * project's active talents for that role, pinned ones first, then by relevance (or all, with
+   * relevance off), closed over the requires/includes edges of what is kept.
+   */
   resolveTalents: {
     path: "/satchel.v1.TalentService/ResolveTalents" as const,
     requestStream: false as const,
@@ -2396,7 +2591,7 @@ export const TalentServiceService = {
       Buffer.from(ResolveTalentsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResolveTalentsResponse => ResolveTalentsResponse.decode(value),
   },
-  /** DiagnoseProject reports what is wrong with a project's talents (the doctor). */
+  /** DiagnoseProject reports what is wrong with a project's active talents (the doctor). */
   diagnoseProject: {
     path: "/satchel.v1.TalentService/DiagnoseProject" as const,
     requestStream: false as const,
@@ -2411,20 +2606,39 @@ export const TalentServiceService = {
 } as const;
 
 export interface TalentServiceServer extends UntypedServiceImplementation {
-  /** UpsertTalent creates or replaces a talent of the catalogue. */
+  /**
+   * UpsertTalent creates or replaces a talent of the catalogue (every field is replaced; edge
+   * lists lose their duplicates). Edges to unknown talents are kept (the doctor reports them);
+   * an edge to the talent itself is INVALID_ARGUMENT.
+   */
   upsertTalent: handleUnaryCall<UpsertTalentRequest, UpsertTalentResponse>;
-  /** ListTalents lists the catalogue, or the talents of a project with their activation. */
+  /**
+   * ListTalents lists the catalogue, or the talents of a project with their activation, by id,
+   * page by page (AIP-158).
+   */
   listTalents: handleUnaryCall<ListTalentsRequest, ListTalentsResponse>;
-  /** SetTalentActivation turns a talent on or off for a project. */
+  /**
+   * SetTalentActivation turns a talent on or off for a project.
+   *
+   * Errors: NOT_FOUND (reason TALENT_NOT_FOUND) when the talent is not in the catalogue.
+   */
   setTalentActivation: handleUnaryCall<SetTalentActivationRequest, SetTalentActivationResponse>;
-  /** ResolveTalents selects the talents an agent of a role receives for a task. */
+  /**
+   * ResolveTalents selects the talents an agent of a role receives for a task: among the
+   * project's active talents for that role, pinned ones first, then by relevance (or all, with
+   * relevance off), closed over the requires/includes edges of what is kept.
+   */
   resolveTalents: handleUnaryCall<ResolveTalentsRequest, ResolveTalentsResponse>;
-  /** DiagnoseProject reports what is wrong with a project's talents (the doctor). */
+  /** DiagnoseProject reports what is wrong with a project's active talents (the doctor). */
   diagnoseProject: handleUnaryCall<DiagnoseProjectRequest, DiagnoseProjectResponse>;
 }
 
 export interface TalentServiceClient extends Client {
-  /** UpsertTalent creates or replaces a talent of the catalogue. */
+  /**
+   * UpsertTalent creates or replaces a talent of the catalogue (every field is replaced; edge
+   * lists lose their duplicates). Edges to unknown talents are kept (the doctor reports them);
+   * an edge to the talent itself is INVALID_ARGUMENT.
+   */
   upsertTalent(
     request: UpsertTalentRequest,
     callback: (error: ServiceError | null, response: UpsertTalentResponse) => void,
@@ -2440,7 +2654,10 @@ export interface TalentServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: UpsertTalentResponse) => void,
   ): ClientUnaryCall;
-  /** ListTalents lists the catalogue, or the talents of a project with their activation. */
+  /**
+   * ListTalents lists the catalogue, or the talents of a project with their activation, by id,
+   * page by page (AIP-158).
+   */
   listTalents(
     request: ListTalentsRequest,
     callback: (error: ServiceError | null, response: ListTalentsResponse) => void,
@@ -2456,7 +2673,11 @@ export interface TalentServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListTalentsResponse) => void,
   ): ClientUnaryCall;
-  /** SetTalentActivation turns a talent on or off for a project. */
+  /**
+   * SetTalentActivation turns a talent on or off for a project.
+   *
+   * Errors: NOT_FOUND (reason TALENT_NOT_FOUND) when the talent is not in the catalogue.
+   */
   setTalentActivation(
     request: SetTalentActivationRequest,
     callback: (error: ServiceError | null, response: SetTalentActivationResponse) => void,
@@ -2472,7 +2693,11 @@ export interface TalentServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SetTalentActivationResponse) => void,
   ): ClientUnaryCall;
-  /** ResolveTalents selects the talents an agent of a role receives for a task. */
+  /**
+   * ResolveTalents selects the talents an agent of a role receives for a task: among the
+   * project's active talents for that role, pinned ones first, then by relevance (or all, with
+   * relevance off), closed over the requires/includes edges of what is kept.
+   */
   resolveTalents(
     request: ResolveTalentsRequest,
     callback: (error: ServiceError | null, response: ResolveTalentsResponse) => void,
@@ -2488,7 +2713,7 @@ export interface TalentServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResolveTalentsResponse) => void,
   ): ClientUnaryCall;
-  /** DiagnoseProject reports what is wrong with a project's talents (the doctor). */
+  /** DiagnoseProject reports what is wrong with a project's active talents (the doctor). */
   diagnoseProject(
     request: DiagnoseProjectRequest,
     callback: (error: ServiceError | null, response: DiagnoseProjectResponse) => void,
