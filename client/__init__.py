@@ -7,7 +7,8 @@ googleapis-common-protos.
 context, memory and talent services. Every method returns the RPC's response message from
 `satchel.v1` (e.g. `assemble_context(...).packet`), streams yield the response messages, and
 failures raise `SatchelError`. `render_packet` and `render_talents` turn results into prompt
-blocks. `service_config()` is the gRPC service config (retries) the clients use.
+blocks. `service_config()` is the gRPC service config (round_robin balancing, retries) the
+clients use; `channel_target()` turns an address or a list of addresses into their target.
 """
 
 from satchel.client._aio import AsyncSatchelClient, AsyncStream
@@ -16,6 +17,7 @@ from satchel.client._common import (
     DEFAULT_TIMEOUT,
     IDEMPOTENT_READS,
     RetryPolicy,
+    channel_target,
     service_config,
 )
 from satchel.client._sync import SatchelClient, Stream
@@ -34,6 +36,7 @@ __all__ = [
     "SatchelClient",
     "SatchelError",
     "Stream",
+    "channel_target",
     "event_request",
     "fact_request",
     "render_packet",

@@ -21,6 +21,7 @@ from satchel.client._common import (
     RetryPolicy,
     call_metadata,
     channel_options,
+    channel_target,
     health_status,
 )
 from satchel.client.errors import SatchelError
@@ -84,7 +85,7 @@ class AsyncSatchelClient:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
         api_key: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -94,7 +95,9 @@ class AsyncSatchelClient:
         options: Sequence[tuple[str, Any]] = (),
         metadata: Metadata = (),
     ) -> None:
-        self.address = address
+        self.address = address if isinstance(address, str) else tuple(address)
+        self.target = channel_target(address)
+        """The gRPC target of the channel (several addresses: `ipv4:a:p,b:p,…`)."""
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._metadata = call_metadata(api_key, metadata)
@@ -102,9 +105,9 @@ class AsyncSatchelClient:
         if channel is None:
             settings = channel_options(self.retry, options)
             channel = (
-                grpc.aio.secure_channel(address, credentials, options=settings)
+                grpc.aio.secure_channel(self.target, credentials, options=settings)
                 if credentials is not None
-                else grpc.aio.insecure_channel(address, options=settings)
+                else grpc.aio.insecure_channel(self.target, options=settings)
             )
         self.channel = channel
         self._context = context_pb2_grpc.ContextServiceStub(channel)
@@ -368,6 +371,35 @@ class AsyncSatchelClient:
         )
         return await self._unary(
             self._memory.RetireFact, request, timeout, memory_pb2.RetireFactResponse
+        )
+
+    async def delete_event(
+        self, project_id: str, event_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteEventResponse:
+        """Forget an event for good (not retirement): the facts drawn only from it go too, and
+        the trace decisions quoting either. Idempotent: an unknown event deletes nothing
+        (`deleted` counts are 0); never retried by the client, repeat it yourself."""
+        request = memory_pb2.DeleteEventRequest(project_id=project_id, event_id=event_id)
+        return await self._unary(
+            self._memory.DeleteEvent, request, timeout, memory_pb2.DeleteEventResponse
+        )
+
+    async def delete_subject(
+        self, project_id: str, subject_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteSubjectResponse:
+        """Forget every event, fact, conflict and trace of one scope (idempotent)."""
+        request = memory_pb2.DeleteSubjectRequest(project_id=project_id, subject_id=subject_id)
+        return await self._unary(
+            self._memory.DeleteSubject, request, timeout, memory_pb2.DeleteSubjectResponse
+        )
+
+    async def delete_project(
+        self, project_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteProjectResponse:
+        """Forget every scope of a project (idempotent); its API keys and talents stay."""
+        request = memory_pb2.DeleteProjectRequest(project_id=project_id)
+        return await self._unary(
+            self._memory.DeleteProject, request, timeout, memory_pb2.DeleteProjectResponse
         )
 
     async def supersede_fact(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,14 +96,23 @@ class RetryPolicy:
         }
 
 
-def service_config(retry: RetryPolicy | None = None) -> dict[str, Any]:
+LOAD_BALANCING = "round_robin"
+"""The gRPC load-balancing policy of the clients' service config: every call goes to the next
+connected address of the target (several addresses, or a DNS name resolving to several)."""
+
+
+def service_config(
+    retry: RetryPolicy | None = None, *, load_balancing: str = LOAD_BALANCING
+) -> dict[str, Any]:
     """The gRPC service config both clients pass to their channel (`grpc.service_config`).
 
-    One `methodConfig` names the idempotent reads (`IDEMPOTENT_READS`) with `retry`'s
-    `retryPolicy` (default `RetryPolicy()`); writes, streams and the health check are not named,
-    so gRPC never retries them. It is plain JSON: `json.dumps(service_config())` is what a Node
+    `loadBalancingConfig` is `load_balancing` (`round_robin`: calls spread over every address
+    the target resolves to; `pick_first`: one connection). One `methodConfig` names the
+    idempotent reads (`IDEMPOTENT_READS`) with `retry`'s `retryPolicy` (default
+    `RetryPolicy()`); writes, streams and the health check are not named, so gRPC never retries
+    them. It is plain JSON: `json.dumps(service_config())` is what a Node
     (`grpc.service_config` channel option), Go (`grpc.WithDefaultServiceConfig`) or Java
-    (`defaultServiceConfig`) client reads to retry the same calls the same way.
+    (`defaultServiceConfig`) client reads to balance and retry the same calls the same way.
     """
     policy = RetryPolicy() if retry is None else retry
     names = [
@@ -112,7 +122,46 @@ def service_config(retry: RetryPolicy | None = None) -> dict[str, Any]:
     config: dict[str, Any] = {"name": names}
     if policy.max_attempts > 1:
         config["retryPolicy"] = policy.as_service_config()
-    return {"methodConfig": [config]}
+    return {"loadBalancingConfig": [{load_balancing: {}}], "methodConfig": [config]}
+
+
+def channel_target(address: str | Sequence[str]) -> str:
+    """The gRPC target of a client's `address`: a string is a target as gRPC reads it
+    (`host:port`, `dns:///host:port`, `ipv4:…`, `unix:…`), returned as is; a list of one is
+    that one; a list of several must be IP literals with ports (`127.0.0.1:50051`,
+    `[::1]:50051`), all of one family, and becomes `ipv4:a:p,b:p,…` (or `ipv6:`), which gRPC
+    balances over. Host names do not combine into one target: give one DNS name resolving to
+    every replica instead (`dns:///satchel.internal:50051`).
+    """
+    if isinstance(address, str):
+        return address
+    addresses = list(address)
+    if not addresses or not all(isinstance(a, str) and a for a in addresses):
+        raise ValueError("address: a target string or a non-empty list of 'IP:port' strings")
+    if len(addresses) == 1:
+        return addresses[0]
+    families = {_ip_family(a) for a in addresses}
+    if len(families) > 1:
+        raise ValueError(f"address: IPv4 and IPv6 addresses do not mix in one list: {addresses}")
+    return f"{families.pop()}:{','.join(addresses)}"
+
+
+def _ip_family(address: str) -> str:
+    """`ipv4` or `ipv6` for an `IP:port` string (IPv6 in brackets), else ValueError."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host) if sep and port.isdigit() else None
+    except ValueError:
+        ip = None
+    if ip is None or (ip.version == 6 and not address.startswith("[")):
+        raise ValueError(
+            f"address: {address!r} is not 'IP:port' ('127.0.0.1:50051', '[::1]:50051'); "
+            "for host names give one DNS name resolving to every replica, "
+            "'dns:///satchel.internal:50051'"
+        )
+    return f"ipv{ip.version}"
 
 
 def channel_options(

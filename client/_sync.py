@@ -20,6 +20,7 @@ from satchel.client._common import (
     RetryPolicy,
     call_metadata,
     channel_options,
+    channel_target,
     health_status,
 )
 from satchel.client.errors import SatchelError
@@ -80,11 +81,15 @@ class SatchelClient:
     itself (the channel's service config, `service_config(retry)`); writes and streams never
     are. A `channel` of your own retries only as its own options say. `api_key` is sent as
     `authorization: Bearer <key>`.
+
+    `address` is one gRPC target (`host:port`, `dns:///name:port`: every address the name
+    resolves to) or a list of `IP:port` addresses (see `channel_target`); calls are balanced
+    over them with `round_robin` (the service config's `loadBalancingConfig`).
     """
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | Sequence[str] = DEFAULT_ADDRESS,
         *,
         api_key: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -94,7 +99,9 @@ class SatchelClient:
         options: Sequence[tuple[str, Any]] = (),
         metadata: Metadata = (),
     ) -> None:
-        self.address = address
+        self.address = address if isinstance(address, str) else tuple(address)
+        self.target = channel_target(address)
+        """The gRPC target of the channel (several addresses: `ipv4:a:p,b:p,…`)."""
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._metadata = call_metadata(api_key, metadata)
@@ -102,9 +109,9 @@ class SatchelClient:
         if channel is None:
             settings = channel_options(self.retry, options)
             channel = (
-                grpc.secure_channel(address, credentials, options=settings)
+                grpc.secure_channel(self.target, credentials, options=settings)
                 if credentials is not None
-                else grpc.insecure_channel(address, options=settings)
+                else grpc.insecure_channel(self.target, options=settings)
             )
         self.channel = channel
         self._context = context_pb2_grpc.ContextServiceStub(channel)
@@ -358,6 +365,35 @@ class SatchelClient:
             project_id=project_id, fact_id=fact_id, reason=reason
         )
         return self._unary(self._memory.RetireFact, request, timeout, memory_pb2.RetireFactResponse)
+
+    def delete_event(
+        self, project_id: str, event_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteEventResponse:
+        """Forget an event for good (not retirement): the facts drawn only from it go too, and
+        the trace decisions quoting either. Idempotent: an unknown event deletes nothing
+        (`deleted` counts are 0); never retried by the client, repeat it yourself."""
+        request = memory_pb2.DeleteEventRequest(project_id=project_id, event_id=event_id)
+        return self._unary(
+            self._memory.DeleteEvent, request, timeout, memory_pb2.DeleteEventResponse
+        )
+
+    def delete_subject(
+        self, project_id: str, subject_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteSubjectResponse:
+        """Forget every event, fact, conflict and trace of one scope (idempotent)."""
+        request = memory_pb2.DeleteSubjectRequest(project_id=project_id, subject_id=subject_id)
+        return self._unary(
+            self._memory.DeleteSubject, request, timeout, memory_pb2.DeleteSubjectResponse
+        )
+
+    def delete_project(
+        self, project_id: str, *, timeout: float | None = None
+    ) -> memory_pb2.DeleteProjectResponse:
+        """Forget every scope of a project (idempotent); its API keys and talents stay."""
+        request = memory_pb2.DeleteProjectRequest(project_id=project_id)
+        return self._unary(
+            self._memory.DeleteProject, request, timeout, memory_pb2.DeleteProjectResponse
+        )
 
     def supersede_fact(
         self,

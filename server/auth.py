@@ -257,6 +257,7 @@ WRITE_PREFIXES = (
     "Resolve",
     "Upsert",
     "Set",
+    "Delete",
 )
 """Method names of writes: admitted apart from reads, so that a long batch write (its texts are
 embedded first) never holds the slot of the context calls. ResolveTalents is a read."""

@@ -327,3 +327,59 @@ class ListConflictsResponse(_message.Message):
     conflicts: _containers.RepeatedCompositeFieldContainer[Conflict]
     next_page_token: str
     def __init__(self, conflicts: _Optional[_Iterable[_Union[Conflict, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeletedCounts(_message.Message):
+    __slots__ = ("events", "facts", "conflicts", "traces", "trace_decisions", "facts_unlinked")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FACTS_FIELD_NUMBER: _ClassVar[int]
+    CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    FACTS_UNLINKED_FIELD_NUMBER: _ClassVar[int]
+    events: int
+    facts: int
+    conflicts: int
+    traces: int
+    trace_decisions: int
+    facts_unlinked: int
+    def __init__(self, events: _Optional[int] = ..., facts: _Optional[int] = ..., conflicts: _Optional[int] = ..., traces: _Optional[int] = ..., trace_decisions: _Optional[int] = ..., facts_unlinked: _Optional[int] = ...) -> None: ...
+
+class DeleteEventRequest(_message.Message):
+    __slots__ = ("project_id", "event_id")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    event_id: str
+    def __init__(self, project_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
+
+class DeleteEventResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: DeletedCounts
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...
+
+class DeleteSubjectRequest(_message.Message):
+    __slots__ = ("project_id", "subject_id")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    subject_id: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSubjectResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: DeletedCounts
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...
+
+class DeleteProjectRequest(_message.Message):
+    __slots__ = ("project_id",)
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    def __init__(self, project_id: _Optional[str] = ...) -> None: ...
+
+class DeleteProjectResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: DeletedCounts
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...

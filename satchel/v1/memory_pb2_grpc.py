@@ -38,7 +38,8 @@ class MemoryServiceStub:
     INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
     than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
     CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
-    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    included; the Delete methods are idempotent instead: nothing to delete answers zero counts);
+    FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
     a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
@@ -103,6 +104,21 @@ class MemoryServiceStub:
                 request_serializer=satchel_dot_v1_dot_memory__pb2.ListConflictsRequest.SerializeToString,
                 response_deserializer=satchel_dot_v1_dot_memory__pb2.ListConflictsResponse.FromString,
                 _registered_method=True)
+        self.DeleteEvent = channel.unary_unary(
+                '/satchel.v1.MemoryService/DeleteEvent',
+                request_serializer=satchel_dot_v1_dot_memory__pb2.DeleteEventRequest.SerializeToString,
+                response_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteEventResponse.FromString,
+                _registered_method=True)
+        self.DeleteSubject = channel.unary_unary(
+                '/satchel.v1.MemoryService/DeleteSubject',
+                request_serializer=satchel_dot_v1_dot_memory__pb2.DeleteSubjectRequest.SerializeToString,
+                response_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteSubjectResponse.FromString,
+                _registered_method=True)
+        self.DeleteProject = channel.unary_unary(
+                '/satchel.v1.MemoryService/DeleteProject',
+                request_serializer=satchel_dot_v1_dot_memory__pb2.DeleteProjectRequest.SerializeToString,
+                response_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteProjectResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -118,7 +134,8 @@ class MemoryServiceServicer:
     INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
     than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
     CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
-    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    included; the Delete methods are idempotent instead: nothing to delete answers zero counts);
+    FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
     a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
@@ -219,6 +236,49 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteEvent(self, request, context):
+        """DeleteEvent forgets one event for good, in one transaction. Deletion is not retirement:
+        nothing is kept for history, as_of reads or ListFacts(include_inactive). The facts drawn
+        only from this event are deleted with it; a fact also drawn from other events stays and
+        loses this id from its source_event_ids. Deleting a fact also deletes every conflict it is
+        a member of (its other members are no longer blocked; losers stay superseded) and clears
+        superseded_by where it pointed to the deleted fact. The trace decisions of the scope's
+        context calls whose candidate is the event or a deleted fact (their previews quote the
+        text) are deleted; the calls themselves stay.
+
+        Idempotent: an unknown event (or one of another project) deletes nothing and returns zero
+        counts, never NOT_FOUND. Errors: INVALID_ARGUMENT for a malformed project_id or event_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubject(self, request, context):
+        """DeleteSubject forgets a whole scope for good, in one transaction: every event, fact and
+        conflict of (project_id, subject_id), every context call (trace) of it with its decisions,
+        and the scope's text statistics. Other subjects are untouched. Deletion is not retirement:
+        as_of reads and ListFacts(include_inactive) no longer see any of it.
+
+        Idempotent: a scope without data deletes nothing and returns zero counts. Errors:
+        INVALID_ARGUMENT for a malformed project_id or subject_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteProject(self, request, context):
+        """DeleteProject forgets every subject of a project for good, in one transaction: what
+        DeleteSubject deletes, for all of the project's scopes. The project's API keys and talent
+        settings (activations, roles) are kept: revoke keys with `satchel keys revoke`. A project
+        key may delete its own project only (PERMISSION_DENIED, PROJECT_NOT_ALLOWED otherwise).
+
+        Idempotent: a project without data deletes nothing and returns zero counts. Errors:
+        INVALID_ARGUMENT for a malformed project_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -277,6 +337,21 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     request_deserializer=satchel_dot_v1_dot_memory__pb2.ListConflictsRequest.FromString,
                     response_serializer=satchel_dot_v1_dot_memory__pb2.ListConflictsResponse.SerializeToString,
             ),
+            'DeleteEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteEvent,
+                    request_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteEventRequest.FromString,
+                    response_serializer=satchel_dot_v1_dot_memory__pb2.DeleteEventResponse.SerializeToString,
+            ),
+            'DeleteSubject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubject,
+                    request_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteSubjectRequest.FromString,
+                    response_serializer=satchel_dot_v1_dot_memory__pb2.DeleteSubjectResponse.SerializeToString,
+            ),
+            'DeleteProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteProject,
+                    request_deserializer=satchel_dot_v1_dot_memory__pb2.DeleteProjectRequest.FromString,
+                    response_serializer=satchel_dot_v1_dot_memory__pb2.DeleteProjectResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'satchel.v1.MemoryService', rpc_method_handlers)
@@ -298,7 +373,8 @@ class MemoryService:
     INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
     than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
     CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
-    included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+    included; the Delete methods are idempotent instead: nothing to delete answers zero counts);
+    FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
     a conflict already resolved. Each request is one transaction: a failed request writes nothing.
     """
 
@@ -589,6 +665,87 @@ class MemoryService:
             '/satchel.v1.MemoryService/ListConflicts',
             satchel_dot_v1_dot_memory__pb2.ListConflictsRequest.SerializeToString,
             satchel_dot_v1_dot_memory__pb2.ListConflictsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/satchel.v1.MemoryService/DeleteEvent',
+            satchel_dot_v1_dot_memory__pb2.DeleteEventRequest.SerializeToString,
+            satchel_dot_v1_dot_memory__pb2.DeleteEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/satchel.v1.MemoryService/DeleteSubject',
+            satchel_dot_v1_dot_memory__pb2.DeleteSubjectRequest.SerializeToString,
+            satchel_dot_v1_dot_memory__pb2.DeleteSubjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/satchel.v1.MemoryService/DeleteProject',
+            satchel_dot_v1_dot_memory__pb2.DeleteProjectRequest.SerializeToString,
+            satchel_dot_v1_dot_memory__pb2.DeleteProjectResponse.FromString,
             options,
             channel_credentials,
             insecure,

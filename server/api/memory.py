@@ -36,7 +36,14 @@ from satchel.server.api.validation import (
 from satchel.server.domain.rendering import derive_statement, render_event_text
 from satchel.server.errors import Violations
 from satchel.server.runtime import RuntimeRef
-from satchel.server.storage.memory import ConflictRow, EventRow, FactRow, NewEvent, NewFact
+from satchel.server.storage.memory import (
+    ConflictRow,
+    Deleted,
+    EventRow,
+    FactRow,
+    NewEvent,
+    NewFact,
+)
 from satchel.v1 import memory_pb2, memory_pb2_grpc
 
 MAX_NOTE_CHARS = 4_000
@@ -194,6 +201,18 @@ def conflict_message(row: ConflictRow) -> memory_pb2.Conflict:
         opened_at=timestamp_message(row.opened_at),
         resolved_at=timestamp_message(row.resolved_at),
         winning_fact_id=str(row.winning_fact_id) if row.winning_fact_id else "",
+    )
+
+
+def deleted_message(deleted: Deleted) -> memory_pb2.DeletedCounts:
+    """What a delete removed, as a satchel.v1.DeletedCounts."""
+    return memory_pb2.DeletedCounts(
+        events=deleted.events,
+        facts=deleted.facts,
+        conflicts=deleted.conflicts,
+        traces=deleted.traces,
+        trace_decisions=deleted.trace_decisions,
+        facts_unlinked=deleted.facts_unlinked,
     )
 
 
@@ -432,3 +451,38 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         return memory_pb2.ListConflictsResponse(
             conflicts=[conflict_message(r) for r in rows], next_page_token=next_token
         )
+
+    async def DeleteEvent(
+        self, request: memory_pb2.DeleteEventRequest, context: aio.ServicerContext
+    ) -> memory_pb2.DeleteEventResponse:
+        """Forget an event, the facts drawn from it alone and the trace decisions quoting them;
+        an unknown event deletes nothing (idempotent)."""
+        v = Violations()
+        check_id(v, "project_id", request.project_id)
+        event_id = parse_uuid(v, "event_id", request.event_id)
+        v.raise_if_any()
+        assert event_id is not None
+        deleted = await memory.delete_event(self._runtime(), request.project_id, event_id)
+        return memory_pb2.DeleteEventResponse(deleted=deleted_message(deleted))
+
+    async def DeleteSubject(
+        self, request: memory_pb2.DeleteSubjectRequest, context: aio.ServicerContext
+    ) -> memory_pb2.DeleteSubjectResponse:
+        """Forget every event, fact, conflict and trace of one scope (idempotent)."""
+        v = Violations()
+        _scope(v, "", request.project_id, request.subject_id)
+        v.raise_if_any()
+        deleted = await memory.delete_scopes(
+            self._runtime(), request.project_id, request.subject_id
+        )
+        return memory_pb2.DeleteSubjectResponse(deleted=deleted_message(deleted))
+
+    async def DeleteProject(
+        self, request: memory_pb2.DeleteProjectRequest, context: aio.ServicerContext
+    ) -> memory_pb2.DeleteProjectResponse:
+        """Forget every scope of a project (idempotent); its API keys and talent settings stay."""
+        v = Violations()
+        check_id(v, "project_id", request.project_id)
+        v.raise_if_any()
+        deleted = await memory.delete_scopes(self._runtime(), request.project_id, None)
+        return memory_pb2.DeleteProjectResponse(deleted=deleted_message(deleted))

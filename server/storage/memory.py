@@ -216,8 +216,11 @@ async def event_scopes(
     """The (project_id, subject_id) of each existing event among `ids`."""
     if not ids:
         return {}
+    # FOR KEY SHARE: a concurrent DeleteEvent waits until the fact citing it is committed.
     cur = await conn.execute(
-        "SELECT id, project_id, subject_id FROM events WHERE id = ANY(%s)", (list(ids),)
+        "SELECT id, project_id, subject_id FROM events WHERE id = ANY(%s) ORDER BY id"
+        " FOR KEY SHARE",
+        (list(ids),),
     )
     return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
 
@@ -602,6 +605,206 @@ async def list_conflicts(
         params,
     )
     return await cur.fetchall()
+
+
+# --- deletion --------------------------------------------------------------------------------
+#
+# Deleting is forgetting, not retiring: rows leave the tables, so no as-of read sees them. The
+# scope statistics counted on write (fact_term_counts, scope_lexemes, scope_documents) lose what
+# the deleted rows added, in the statement that deletes them and in key order, like the writes
+# that add to them. Traces: a decision row's `preview` quotes its candidate's text, so the
+# decisions whose candidate is deleted go too (only the scope's calls can hold them).
+
+
+@dataclass
+class Deleted:
+    """Rows removed by one delete request (the DeletedCounts message)."""
+
+    events: int = 0
+    facts: int = 0
+    conflicts: int = 0
+    traces: int = 0
+    trace_decisions: int = 0
+    facts_unlinked: int = 0
+
+
+def _uncounting_delete(table: str) -> str:
+    """DELETE rows of `table` (`facts` or `events`) by id within a project, taking their
+    lexemes (and, for facts, their words) out of the scope statistics; returns the ids."""
+    terms = ""
+    if table == "facts":
+        terms = """
+terms AS (
+    INSERT INTO fact_term_counts AS c (project_id, subject_id, term, facts)
+    SELECT g.project_id, g.subject_id, t.term, -count(*)
+    FROM gone g CROSS JOIN unnest(tsvector_to_array(g.search_vector)) AS t(term)
+    GROUP BY g.project_id, g.subject_id, t.term
+    ORDER BY g.project_id, g.subject_id, t.term
+    ON CONFLICT (project_id, subject_id, term) DO UPDATE SET facts = c.facts + excluded.facts
+),"""
+    vector = ", d.search_vector" if table == "facts" else ""
+    return f"""
+WITH gone AS (
+    DELETE FROM {table} d WHERE d.project_id = %(project_id)s AND d.id = ANY(%(ids)s::uuid[])
+    RETURNING d.id, d.project_id, d.subject_id, d.lexemes, d.lexeme_tokens{vector}
+),{terms}
+lexemes AS (
+    INSERT INTO scope_lexemes AS c (project_id, subject_id, lexeme, documents)
+    SELECT g.project_id, g.subject_id, t.lexeme, -count(*)
+    FROM gone g CROSS JOIN unnest(tsvector_to_array(g.lexemes)) AS t(lexeme)
+    GROUP BY g.project_id, g.subject_id, t.lexeme
+    ORDER BY g.project_id, g.subject_id, t.lexeme
+    ON CONFLICT (project_id, subject_id, lexeme)
+        DO UPDATE SET documents = c.documents + excluded.documents
+),
+documents AS (
+    INSERT INTO scope_documents AS s (project_id, subject_id, documents, tokens)
+    SELECT project_id, subject_id, -count(*), -sum(lexeme_tokens) FROM gone
+    GROUP BY project_id, subject_id ORDER BY project_id, subject_id
+    ON CONFLICT (project_id, subject_id) DO UPDATE
+        SET documents = s.documents + excluded.documents, tokens = s.tokens + excluded.tokens
+)
+SELECT id FROM gone
+"""
+
+
+_UNCOUNTING_DELETE = {t: _uncounting_delete(t) for t in ("facts", "events")}
+
+_DROP_EMPTY_COUNTS = """
+WITH terms AS (
+    DELETE FROM fact_term_counts
+    WHERE project_id = %(project_id)s AND subject_id = %(subject_id)s AND facts <= 0
+),
+lexemes AS (
+    DELETE FROM scope_lexemes
+    WHERE project_id = %(project_id)s AND subject_id = %(subject_id)s AND documents <= 0
+)
+DELETE FROM scope_documents
+WHERE project_id = %(project_id)s AND subject_id = %(subject_id)s AND documents <= 0
+"""
+
+
+async def _delete_counted(
+    conn: AsyncConnection, table: str, project_id: str, ids: Sequence[uuid.UUID]
+) -> list[uuid.UUID]:
+    if not ids:
+        return []
+    cur = await conn.execute(
+        _UNCOUNTING_DELETE[table], {"project_id": project_id, "ids": sorted(set(ids))}
+    )
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def _delete_decisions_of(
+    conn: AsyncConnection, project_id: str, subject_id: str, candidate_ids: Sequence[uuid.UUID]
+) -> int:
+    """Delete the decisions of the scope's context calls whose candidate is among `ids`."""
+    if not candidate_ids:
+        return 0
+    cur = await conn.execute(
+        "DELETE FROM context_traces t USING context_calls c"
+        " WHERE c.project_id = %s AND c.subject_id = %s AND t.trace_id = c.trace_id"
+        " AND t.candidate_id = ANY(%s::uuid[])",
+        (project_id, subject_id, list(candidate_ids)),
+    )
+    return cur.rowcount
+
+
+async def delete_event(conn: AsyncConnection, project_id: str, event_id: uuid.UUID) -> Deleted:
+    """Delete an event of a project, the facts drawn from it alone (see `_delete_facts`), and
+    the trace decisions quoting either; facts drawn from other events too lose its id.
+
+    The event row goes first: a concurrent AssertFact citing it holds it (`event_scopes` reads
+    it FOR KEY SHARE), so its fact is committed, and seen here, before the facts are read.
+    """
+    deleted = Deleted()
+    cur = await conn.execute(
+        "SELECT subject_id FROM events WHERE id = %s AND project_id = %s FOR UPDATE",
+        (event_id, project_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return deleted
+    subject_id: str = row[0]
+    deleted.events = len(await _delete_counted(conn, "events", project_id, [event_id]))
+    cur = await conn.execute(
+        "SELECT id, cardinality(array_remove(source_event_ids, %(event)s)) = 0 FROM facts"
+        " WHERE project_id = %(project_id)s AND subject_id = %(subject_id)s"
+        " AND source_event_ids @> ARRAY[%(event)s]::uuid[] ORDER BY id FOR UPDATE",
+        {"event": event_id, "project_id": project_id, "subject_id": subject_id},
+    )
+    drawn = await cur.fetchall()
+    only = [fid for fid, alone in drawn if alone]
+    kept = [fid for fid, alone in drawn if not alone]
+    if kept:
+        cur = await conn.execute(
+            "UPDATE facts SET source_event_ids = array_remove(source_event_ids, %s)"
+            " WHERE id = ANY(%s::uuid[])",
+            (event_id, kept),
+        )
+        deleted.facts_unlinked = cur.rowcount
+    gone = await _delete_facts(conn, project_id, subject_id, only, deleted)
+    deleted.trace_decisions = await _delete_decisions_of(
+        conn, project_id, subject_id, [event_id, *gone]
+    )
+    await conn.execute(_DROP_EMPTY_COUNTS, {"project_id": project_id, "subject_id": subject_id})
+    return deleted
+
+
+async def _delete_facts(
+    conn: AsyncConnection,
+    project_id: str,
+    subject_id: str,
+    fact_ids: Sequence[uuid.UUID],
+    deleted: Deleted,
+) -> list[uuid.UUID]:
+    """Delete facts of one scope: first every conflict one of them is a member of (the other
+    members are unblocked; losers stay superseded), then the `superseded_by` pointing to them
+    (the facts they replaced stay superseded, by a successor that no longer exists)."""
+    if not fact_ids:
+        return []
+    ids = sorted(set(fact_ids))
+    cur = await conn.execute(
+        "DELETE FROM conflict_sets c WHERE c.project_id = %s AND EXISTS ("
+        " SELECT 1 FROM conflict_members m WHERE m.conflict_id = c.id"
+        " AND m.fact_id = ANY(%s::uuid[]))",
+        (project_id, ids),
+    )
+    deleted.conflicts += cur.rowcount
+    await conn.execute(
+        "UPDATE facts SET superseded_by = NULL WHERE project_id = %s AND subject_id = %s"
+        " AND superseded_by = ANY(%s::uuid[]) AND NOT id = ANY(%s::uuid[])",
+        (project_id, subject_id, ids, ids),
+    )
+    gone = await _delete_counted(conn, "facts", project_id, ids)
+    deleted.facts += len(gone)
+    return gone
+
+
+async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str | None) -> Deleted:
+    """Delete every event, fact, conflict, context call (with its decisions) and scope statistic
+    of one subject of a project, or of every subject (`subject_id` None)."""
+    where = "project_id = %(project_id)s"
+    if subject_id is not None:
+        where += " AND subject_id = %(subject_id)s"
+    params = {"project_id": project_id, "subject_id": subject_id}
+    deleted = Deleted()
+
+    async def run(sql: str) -> int:
+        cur = await conn.execute(sql, params)
+        return cur.rowcount
+
+    deleted.trace_decisions = await run(
+        "DELETE FROM context_traces t USING context_calls c"
+        f" WHERE t.trace_id = c.trace_id AND c.{where.replace(' AND ', ' AND c.')}"
+    )
+    deleted.traces = await run(f"DELETE FROM context_calls WHERE {where}")
+    deleted.conflicts = await run(f"DELETE FROM conflict_sets WHERE {where}")
+    deleted.facts = await run(f"DELETE FROM facts WHERE {where}")
+    deleted.events = await run(f"DELETE FROM events WHERE {where}")
+    for table in ("fact_term_counts", "scope_lexemes", "scope_documents"):
+        await run(f"DELETE FROM {table} WHERE {where}")
+    return deleted
 
 
 # --- helpers ---------------------------------------------------------------------------------

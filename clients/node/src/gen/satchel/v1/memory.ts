@@ -201,7 +201,10 @@ export interface Fact {
   staleAfter:
     | Duration
     | undefined;
-  /** With FACT_STATUS_SUPERSEDED: the id of the fact that replaced this one; else empty. */
+  /**
+   * With FACT_STATUS_SUPERSEDED: the id of the fact that replaced this one; else empty (also
+   * when that fact was deleted since: see DeleteEvent).
+   */
   supersededBy: string;
   /**
    * Why the status changed: the RetireFact reason, or for a member that lost a conflict
@@ -549,6 +552,77 @@ export interface ListConflictsResponse {
    * was read are not listed by later pages.
    */
   nextPageToken: string;
+}
+
+/**
+ * DeletedCounts is how many rows a delete removed; all zero when there was nothing (left) to
+ * delete, such as on a repeated call.
+ */
+export interface DeletedCounts {
+  /** Events deleted. */
+  events: number;
+  /** Facts deleted (DeleteEvent: those drawn only from the event). */
+  facts: number;
+  /** Conflict sets deleted (DeleteEvent: those a deleted fact was a member of). */
+  conflicts: number;
+  /**
+   * Context calls (traces, as GetTrace returns them) deleted with all their decisions; always
+   * 0 for DeleteEvent, which keeps the calls.
+   */
+  traces: number;
+  /** Trace decisions (one per candidate of a context call) deleted. */
+  traceDecisions: number;
+  /**
+   * DeleteEvent only: facts kept, as they were also drawn from other events, that lost the
+   * deleted event from their source_event_ids.
+   */
+  factsUnlinked: number;
+}
+
+/** DeleteEventRequest names an event to forget. */
+export interface DeleteEventRequest {
+  /**
+   * The project of the event. Required: 1 to 200 characters, no surrounding spaces or control
+   * characters.
+   */
+  projectId: string;
+  /** The event's id (a UUID). Required; an unknown id deletes nothing. */
+  eventId: string;
+}
+
+/** DeleteEventResponse is what was deleted. */
+export interface DeleteEventResponse {
+  /** The rows deleted (all zero when the event did not exist, or no longer did). */
+  deleted: DeletedCounts | undefined;
+}
+
+/** DeleteSubjectRequest names a scope to forget. */
+export interface DeleteSubjectRequest {
+  /** The project. Required: 1 to 200 characters, no surrounding spaces or control characters. */
+  projectId: string;
+  /** The subject whose data is deleted; same rules as project_id. */
+  subjectId: string;
+}
+
+/** DeleteSubjectResponse is what was deleted. */
+export interface DeleteSubjectResponse {
+  /** The rows deleted (all zero for a scope without data). */
+  deleted: DeletedCounts | undefined;
+}
+
+/** DeleteProjectRequest names a project to forget. */
+export interface DeleteProjectRequest {
+  /**
+   * The project whose memory and traces are deleted. Required: 1 to 200 characters, no
+   * surrounding spaces or control characters.
+   */
+  projectId: string;
+}
+
+/** DeleteProjectResponse is what was deleted. */
+export interface DeleteProjectResponse {
+  /** The rows deleted (all zero for a project without data). */
+  deleted: DeletedCounts | undefined;
 }
 
 function createBaseEvent(): Event {
@@ -3743,6 +3817,629 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
   },
 };
 
+function createBaseDeletedCounts(): DeletedCounts {
+  return { events: 0, facts: 0, conflicts: 0, traces: 0, traceDecisions: 0, factsUnlinked: 0 };
+}
+
+export const DeletedCounts: MessageFns<DeletedCounts> = {
+  encode(message: DeletedCounts, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.events !== 0) {
+      writer.uint32(8).int64(message.events);
+    }
+    if (message.facts !== 0) {
+      writer.uint32(16).int64(message.facts);
+    }
+    if (message.conflicts !== 0) {
+      writer.uint32(24).int64(message.conflicts);
+    }
+    if (message.traces !== 0) {
+      writer.uint32(32).int64(message.traces);
+    }
+    if (message.traceDecisions !== 0) {
+      writer.uint32(40).int64(message.traceDecisions);
+    }
+    if (message.factsUnlinked !== 0) {
+      writer.uint32(48).int64(message.factsUnlinked);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeletedCounts {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeletedCounts();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.events = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.facts = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.conflicts = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.traces = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.traceDecisions = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.factsUnlinked = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeletedCounts {
+    return {
+      events: isSet(object.events) ? globalThis.Number(object.events) : 0,
+      facts: isSet(object.facts) ? globalThis.Number(object.facts) : 0,
+      conflicts: isSet(object.conflicts) ? globalThis.Number(object.conflicts) : 0,
+      traces: isSet(object.traces) ? globalThis.Number(object.traces) : 0,
+      traceDecisions: isSet(object.traceDecisions)
+        ? globalThis.Number(object.traceDecisions)
+        : isSet(object.trace_decisions)
+        ? globalThis.Number(object.trace_decisions)
+        : 0,
+      factsUnlinked: isSet(object.factsUnlinked)
+        ? globalThis.Number(object.factsUnlinked)
+        : isSet(object.facts_unlinked)
+        ? globalThis.Number(object.facts_unlinked)
+        : 0,
+    };
+  },
+
+  toJSON(message: DeletedCounts): unknown {
+    const obj: any = {};
+    if (message.events !== 0) {
+      obj.events = Math.round(message.events);
+    }
+    if (message.facts !== 0) {
+      obj.facts = Math.round(message.facts);
+    }
+    if (message.conflicts !== 0) {
+      obj.conflicts = Math.round(message.conflicts);
+    }
+    if (message.traces !== 0) {
+      obj.traces = Math.round(message.traces);
+    }
+    if (message.traceDecisions !== 0) {
+      obj.traceDecisions = Math.round(message.traceDecisions);
+    }
+    if (message.factsUnlinked !== 0) {
+      obj.factsUnlinked = Math.round(message.factsUnlinked);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeletedCounts>, I>>(base?: I): DeletedCounts {
+    return DeletedCounts.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeletedCounts>, I>>(object: I): DeletedCounts {
+    const message = createBaseDeletedCounts();
+    message.events = object.events ?? 0;
+    message.facts = object.facts ?? 0;
+    message.conflicts = object.conflicts ?? 0;
+    message.traces = object.traces ?? 0;
+    message.traceDecisions = object.traceDecisions ?? 0;
+    message.factsUnlinked = object.factsUnlinked ?? 0;
+    return message;
+  },
+};
+
+function createBaseDeleteEventRequest(): DeleteEventRequest {
+  return { projectId: "", eventId: "" };
+}
+
+export const DeleteEventRequest: MessageFns<DeleteEventRequest> = {
+  encode(message: DeleteEventRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.eventId !== "") {
+      writer.uint32(18).string(message.eventId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteEventRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteEventRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.eventId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteEventRequest {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      eventId: isSet(object.eventId)
+        ? globalThis.String(object.eventId)
+        : isSet(object.event_id)
+        ? globalThis.String(object.event_id)
+        : "",
+    };
+  },
+
+  toJSON(message: DeleteEventRequest): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.eventId !== "") {
+      obj.eventId = message.eventId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteEventRequest>, I>>(base?: I): DeleteEventRequest {
+    return DeleteEventRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteEventRequest>, I>>(object: I): DeleteEventRequest {
+    const message = createBaseDeleteEventRequest();
+    message.projectId = object.projectId ?? "";
+    message.eventId = object.eventId ?? "";
+    return message;
+  },
+};
+
+function createBaseDeleteEventResponse(): DeleteEventResponse {
+  return { deleted: undefined };
+}
+
+export const DeleteEventResponse: MessageFns<DeleteEventResponse> = {
+  encode(message: DeleteEventResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.deleted !== undefined) {
+      DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteEventResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteEventResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deleted = DeletedCounts.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteEventResponse {
+    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+  },
+
+  toJSON(message: DeleteEventResponse): unknown {
+    const obj: any = {};
+    if (message.deleted !== undefined) {
+      obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteEventResponse>, I>>(base?: I): DeleteEventResponse {
+    return DeleteEventResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteEventResponse>, I>>(object: I): DeleteEventResponse {
+    const message = createBaseDeleteEventResponse();
+    message.deleted = (object.deleted !== undefined && object.deleted !== null)
+      ? DeletedCounts.fromPartial(object.deleted)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseDeleteSubjectRequest(): DeleteSubjectRequest {
+  return { projectId: "", subjectId: "" };
+}
+
+export const DeleteSubjectRequest: MessageFns<DeleteSubjectRequest> = {
+  encode(message: DeleteSubjectRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.subjectId !== "") {
+      writer.uint32(18).string(message.subjectId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSubjectRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSubjectRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.subjectId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteSubjectRequest {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      subjectId: isSet(object.subjectId)
+        ? globalThis.String(object.subjectId)
+        : isSet(object.subject_id)
+        ? globalThis.String(object.subject_id)
+        : "",
+    };
+  },
+
+  toJSON(message: DeleteSubjectRequest): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.subjectId !== "") {
+      obj.subjectId = message.subjectId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSubjectRequest>, I>>(base?: I): DeleteSubjectRequest {
+    return DeleteSubjectRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSubjectRequest>, I>>(object: I): DeleteSubjectRequest {
+    const message = createBaseDeleteSubjectRequest();
+    message.projectId = object.projectId ?? "";
+    message.subjectId = object.subjectId ?? "";
+    return message;
+  },
+};
+
+function createBaseDeleteSubjectResponse(): DeleteSubjectResponse {
+  return { deleted: undefined };
+}
+
+export const DeleteSubjectResponse: MessageFns<DeleteSubjectResponse> = {
+  encode(message: DeleteSubjectResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.deleted !== undefined) {
+      DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSubjectResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSubjectResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deleted = DeletedCounts.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteSubjectResponse {
+    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+  },
+
+  toJSON(message: DeleteSubjectResponse): unknown {
+    const obj: any = {};
+    if (message.deleted !== undefined) {
+      obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSubjectResponse>, I>>(base?: I): DeleteSubjectResponse {
+    return DeleteSubjectResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSubjectResponse>, I>>(object: I): DeleteSubjectResponse {
+    const message = createBaseDeleteSubjectResponse();
+    message.deleted = (object.deleted !== undefined && object.deleted !== null)
+      ? DeletedCounts.fromPartial(object.deleted)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseDeleteProjectRequest(): DeleteProjectRequest {
+  return { projectId: "" };
+}
+
+export const DeleteProjectRequest: MessageFns<DeleteProjectRequest> = {
+  encode(message: DeleteProjectRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteProjectRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteProjectRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteProjectRequest {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+    };
+  },
+
+  toJSON(message: DeleteProjectRequest): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteProjectRequest>, I>>(base?: I): DeleteProjectRequest {
+    return DeleteProjectRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteProjectRequest>, I>>(object: I): DeleteProjectRequest {
+    const message = createBaseDeleteProjectRequest();
+    message.projectId = object.projectId ?? "";
+    return message;
+  },
+};
+
+function createBaseDeleteProjectResponse(): DeleteProjectResponse {
+  return { deleted: undefined };
+}
+
+export const DeleteProjectResponse: MessageFns<DeleteProjectResponse> = {
+  encode(message: DeleteProjectResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.deleted !== undefined) {
+      DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteProjectResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteProjectResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deleted = DeletedCounts.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteProjectResponse {
+    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+  },
+
+  toJSON(message: DeleteProjectResponse): unknown {
+    const obj: any = {};
+    if (message.deleted !== undefined) {
+      obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteProjectResponse>, I>>(base?: I): DeleteProjectResponse {
+    return DeleteProjectResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteProjectResponse>, I>>(object: I): DeleteProjectResponse {
+    const message = createBaseDeleteProjectResponse();
+    message.deleted = (object.deleted !== undefined && object.deleted !== null)
+      ? DeletedCounts.fromPartial(object.deleted)
+      : undefined;
+    return message;
+  },
+};
+
 /**
  * MemoryService is the write path: events, facts, their lifecycle and conflicts.
  * Embeddings are always computed by the server.
@@ -3756,7 +4453,8 @@ export const ListConflictsResponse: MessageFns<ListConflictsResponse> = {
  * INVALID_ARGUMENT for bad values (malformed ids, text or JSON with control characters other
  * than tab, CR and LF, a limit exceeded, a reference to another subject's event or fact:
  * CROSS_SCOPE_REFERENCE); NOT_FOUND for an id unknown in the project (ids of other projects
- * included); FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
+ * included; the Delete methods are idempotent instead: nothing to delete answers zero counts);
+ * FAILED_PRECONDITION for a fact that is not active, already in an open conflict, or
  * a conflict already resolved. Each request is one transaction: a failed request writes nothing.
  */
 export type MemoryServiceService = typeof MemoryServiceService;
@@ -3920,6 +4618,66 @@ export const MemoryServiceService = {
       Buffer.from(ListConflictsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListConflictsResponse => ListConflictsResponse.decode(value),
   },
+  /**
+   * DeleteEvent forgets one event for good, in one transaction. Deletion is not retirement:
+   * nothing is kept for history, as_of reads or ListFacts(include_inactive). The facts drawn
+   * only from this event are deleted with it; a fact also drawn from other events stays and
+   * loses this id from its source_event_ids. Deleting a fact also deletes every conflict it is
+   * a member of (its other members are no longer blocked; losers stay superseded) and clears
+   * superseded_by where it pointed to the deleted fact. The trace decisions of the scope's
+   * context calls whose candidate is the event or a deleted fact (their previews quote the
+   * text) are deleted; the calls themselves stay.
+   *
+   * Idempotent: an unknown event (or one of another project) deletes nothing and returns zero
+   * counts, never NOT_FOUND. Errors: INVALID_ARGUMENT for a malformed project_id or event_id.
+   */
+  deleteEvent: {
+    path: "/satchel.v1.MemoryService/DeleteEvent" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteEventRequest): Buffer => Buffer.from(DeleteEventRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteEventRequest => DeleteEventRequest.decode(value),
+    responseSerialize: (value: DeleteEventResponse): Buffer => Buffer.from(DeleteEventResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteEventResponse => DeleteEventResponse.decode(value),
+  },
+  /**
+   * DeleteSubject forgets a whole scope for good, in one transaction: every event, fact and
+   * conflict of (project_id, subject_id), every context call (trace) of it with its decisions,
+   * and the scope's text statistics. Other subjects are untouched. Deletion is not retirement:
+   * as_of reads and ListFacts(include_inactive) no longer see any of it.
+   *
+   * Idempotent: a scope without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id or subject_id.
+   */
+  deleteSubject: {
+    path: "/satchel.v1.MemoryService/DeleteSubject" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteSubjectRequest): Buffer => Buffer.from(DeleteSubjectRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteSubjectRequest => DeleteSubjectRequest.decode(value),
+    responseSerialize: (value: DeleteSubjectResponse): Buffer =>
+      Buffer.from(DeleteSubjectResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteSubjectResponse => DeleteSubjectResponse.decode(value),
+  },
+  /**
+   * DeleteProject forgets every subject of a project for good, in one transaction: what
+   * DeleteSubject deletes, for all of the project's scopes. The project's API keys and talent
+   * settings (activations, roles) are kept: revoke keys with `satchel keys revoke`. A project
+   * key may delete its own project only (PERMISSION_DENIED, PROJECT_NOT_ALLOWED otherwise).
+   *
+   * Idempotent: a project without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id.
+   */
+  deleteProject: {
+    path: "/satchel.v1.MemoryService/DeleteProject" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteProjectRequest): Buffer => Buffer.from(DeleteProjectRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteProjectRequest => DeleteProjectRequest.decode(value),
+    responseSerialize: (value: DeleteProjectResponse): Buffer =>
+      Buffer.from(DeleteProjectResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteProjectResponse => DeleteProjectResponse.decode(value),
+  },
 } as const;
 
 export interface MemoryServiceServer extends UntypedServiceImplementation {
@@ -3985,6 +4743,40 @@ export interface MemoryServiceServer extends UntypedServiceImplementation {
    * (AIP-158).
    */
   listConflicts: handleUnaryCall<ListConflictsRequest, ListConflictsResponse>;
+  /**
+   * DeleteEvent forgets one event for good, in one transaction. Deletion is not retirement:
+   * nothing is kept for history, as_of reads or ListFacts(include_inactive). The facts drawn
+   * only from this event are deleted with it; a fact also drawn from other events stays and
+   * loses this id from its source_event_ids. Deleting a fact also deletes every conflict it is
+   * a member of (its other members are no longer blocked; losers stay superseded) and clears
+   * superseded_by where it pointed to the deleted fact. The trace decisions of the scope's
+   * context calls whose candidate is the event or a deleted fact (their previews quote the
+   * text) are deleted; the calls themselves stay.
+   *
+   * Idempotent: an unknown event (or one of another project) deletes nothing and returns zero
+   * counts, never NOT_FOUND. Errors: INVALID_ARGUMENT for a malformed project_id or event_id.
+   */
+  deleteEvent: handleUnaryCall<DeleteEventRequest, DeleteEventResponse>;
+  /**
+   * DeleteSubject forgets a whole scope for good, in one transaction: every event, fact and
+   * conflict of (project_id, subject_id), every context call (trace) of it with its decisions,
+   * and the scope's text statistics. Other subjects are untouched. Deletion is not retirement:
+   * as_of reads and ListFacts(include_inactive) no longer see any of it.
+   *
+   * Idempotent: a scope without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id or subject_id.
+   */
+  deleteSubject: handleUnaryCall<DeleteSubjectRequest, DeleteSubjectResponse>;
+  /**
+   * DeleteProject forgets every subject of a project for good, in one transaction: what
+   * DeleteSubject deletes, for all of the project's scopes. The project's API keys and talent
+   * settings (activations, roles) are kept: revoke keys with `satchel keys revoke`. A project
+   * key may delete its own project only (PERMISSION_DENIED, PROJECT_NOT_ALLOWED otherwise).
+   *
+   * Idempotent: a project without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id.
+   */
+  deleteProject: handleUnaryCall<DeleteProjectRequest, DeleteProjectResponse>;
 }
 
 export interface MemoryServiceClient extends Client {
@@ -4204,6 +4996,82 @@ export interface MemoryServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListConflictsResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * DeleteEvent forgets one event for good, in one transaction. Deletion is not retirement:
+   * nothing is kept for history, as_of reads or ListFacts(include_inactive). The facts drawn
+   * only from this event are deleted with it; a fact also drawn from other events stays and
+   * loses this id from its source_event_ids. Deleting a fact also deletes every conflict it is
+   * a member of (its other members are no longer blocked; losers stay superseded) and clears
+   * superseded_by where it pointed to the deleted fact. The trace decisions of the scope's
+   * context calls whose candidate is the event or a deleted fact (their previews quote the
+   * text) are deleted; the calls themselves stay.
+   *
+   * Idempotent: an unknown event (or one of another project) deletes nothing and returns zero
+   * counts, never NOT_FOUND. Errors: INVALID_ARGUMENT for a malformed project_id or event_id.
+   */
+  deleteEvent(
+    request: DeleteEventRequest,
+    callback: (error: ServiceError | null, response: DeleteEventResponse) => void,
+  ): ClientUnaryCall;
+  deleteEvent(
+    request: DeleteEventRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteEventResponse) => void,
+  ): ClientUnaryCall;
+  deleteEvent(
+    request: DeleteEventRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteEventResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteSubject forgets a whole scope for good, in one transaction: every event, fact and
+   * conflict of (project_id, subject_id), every context call (trace) of it with its decisions,
+   * and the scope's text statistics. Other subjects are untouched. Deletion is not retirement:
+   * as_of reads and ListFacts(include_inactive) no longer see any of it.
+   *
+   * Idempotent: a scope without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id or subject_id.
+   */
+  deleteSubject(
+    request: DeleteSubjectRequest,
+    callback: (error: ServiceError | null, response: DeleteSubjectResponse) => void,
+  ): ClientUnaryCall;
+  deleteSubject(
+    request: DeleteSubjectRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteSubjectResponse) => void,
+  ): ClientUnaryCall;
+  deleteSubject(
+    request: DeleteSubjectRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteSubjectResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteProject forgets every subject of a project for good, in one transaction: what
+   * DeleteSubject deletes, for all of the project's scopes. The project's API keys and talent
+   * settings (activations, roles) are kept: revoke keys with `satchel keys revoke`. A project
+   * key may delete its own project only (PERMISSION_DENIED, PROJECT_NOT_ALLOWED otherwise).
+   *
+   * Idempotent: a project without data deletes nothing and returns zero counts. Errors:
+   * INVALID_ARGUMENT for a malformed project_id.
+   */
+  deleteProject(
+    request: DeleteProjectRequest,
+    callback: (error: ServiceError | null, response: DeleteProjectResponse) => void,
+  ): ClientUnaryCall;
+  deleteProject(
+    request: DeleteProjectRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteProjectResponse) => void,
+  ): ClientUnaryCall;
+  deleteProject(
+    request: DeleteProjectRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteProjectResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const MemoryServiceClient = makeGenericClientConstructor(
@@ -4251,6 +5119,17 @@ function fromJsonTimestamp(o: any): Date {
   } else {
     return fromTimestamp(Timestamp.fromJSON(o));
   }
+}
+
+function longToNumber(int64: { toString(): string }): number {
+  const num = globalThis.Number(int64.toString());
+  if (num > globalThis.Number.MAX_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is larger than Number.MAX_SAFE_INTEGER");
+  }
+  if (num < globalThis.Number.MIN_SAFE_INTEGER) {
+    throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
+  }
+  return num;
 }
 
 function isObject(value: any): boolean {
