@@ -12,12 +12,7 @@ from grpc import aio
 
 from satchel.server import memory
 from satchel.server.api.messages import timestamp_message, value_message
-from satchel.server.api.pagination import (
-    PageToken,
-    decode_page_token,
-    encode_page_token,
-    query_fingerprint,
-)
+from satchel.server.api.pagination import cut_page, decode_page_token, query_fingerprint
 from satchel.server.api.validation import (
     MAX_BATCH_ITEMS,
     MAX_REFERENCED_IDS,
@@ -274,13 +269,14 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             before=token.last if token else None,
             limit=limit + 1,
         )
-        next_token = ""
-        if len(rows) > limit:
-            rows = rows[:limit]
-            last = (rows[-1].occurred_at, rows[-1].id)
-            next_token = encode_page_token(
-                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
-            )
+        rows, next_token = cut_page(
+            rows,
+            limit,
+            lambda row: (row.occurred_at, row.id),
+            secret=self._runtime().page_secret,
+            fingerprint=fingerprint,
+            at=at,
+        )
         return memory_pb2.ListEventsResponse(
             events=[event_message(r) for r in rows], next_page_token=next_token
         )
@@ -370,13 +366,14 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             after=token.last if token else None,
             limit=limit + 1,
         )
-        next_token = ""
-        if len(rows) > limit:
-            rows = rows[:limit]
-            last = (rows[-1].recorded_from, rows[-1].id)
-            next_token = encode_page_token(
-                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
-            )
+        rows, next_token = cut_page(
+            rows,
+            limit,
+            lambda row: (row.recorded_from, row.id),
+            secret=self._runtime().page_secret,
+            fingerprint=fingerprint,
+            at=at,
+        )
         return memory_pb2.ListFactsResponse(
             facts=[fact_message(r) for r in rows], next_page_token=next_token
         )
@@ -441,13 +438,14 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             before=token.last if token else None,
             limit=limit + 1,
         )
-        next_token = ""
-        if len(rows) > limit:
-            rows = rows[:limit]
-            last = (rows[-1].opened_at, rows[-1].id)
-            next_token = encode_page_token(
-                self._runtime().page_secret, fingerprint, PageToken(at=at, last=last)
-            )
+        rows, next_token = cut_page(
+            rows,
+            limit,
+            lambda row: (row.opened_at, row.id),
+            secret=self._runtime().page_secret,
+            fingerprint=fingerprint,
+            at=at,
+        )
         return memory_pb2.ListConflictsResponse(
             conflicts=[conflict_message(r) for r in rows], next_page_token=next_token
         )

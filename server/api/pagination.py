@@ -21,11 +21,14 @@ import hashlib
 import hmac
 import json
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from satchel.server.errors import Violations
+
+Row = TypeVar("Row")
 
 _VERSION = 1
 MAX_TOKEN_CHARS = 1536
@@ -99,6 +102,23 @@ def encode_page_token(secret: bytes, fingerprint: str, token: PageToken) -> str:
         "k": [token.last[0].isoformat(), str(token.last[1])],
     }
     return _seal(secret, document)
+
+
+def cut_page(
+    rows: Sequence[Row],
+    limit: int,
+    key: Callable[[Row], tuple[datetime, uuid.UUID]],
+    *,
+    secret: bytes,
+    fingerprint: str,
+    at: datetime,
+) -> tuple[list[Row], str]:
+    """The page of `rows` (fetched as `limit` + 1) and the `next_page_token` that continues
+    after its last row's `key` ("" when no row is left)."""
+    if len(rows) <= limit:
+        return list(rows), ""
+    page = list(rows[:limit])
+    return page, encode_page_token(secret, fingerprint, PageToken(at=at, last=key(page[-1])))
 
 
 def decode_page_token(
