@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from satchel.server.errors import Violations
 
 Row = TypeVar("Row")
+Token = TypeVar("Token")
 
 _VERSION = 1
 MAX_TOKEN_CHARS = 1536
@@ -121,20 +122,21 @@ def cut_page(
     return page, encode_page_token(secret, fingerprint, PageToken(at=at, last=key(page[-1])))
 
 
-def decode_page_token(
-    violations: Violations, field: str, value: str, fingerprint: str, secret: bytes
-) -> PageToken | None:
-    """Decode a `page_token` (None for the first page, or after adding a violation)."""
+def _open(
+    violations: Violations,
+    field: str,
+    value: str,
+    fingerprint: str,
+    secret: bytes,
+    read: Callable[[Any], Token],
+) -> Token | None:
+    """`read` the document of a `page_token` (None for the first page, or after adding a
+    violation: not a token of this deployment, or of a listing with other parameters)."""
     if not value:
         return None
     try:
         document = _unseal(value, secret)
-        token = PageToken(
-            at=datetime.fromisoformat(document["at"]),
-            last=(datetime.fromisoformat(document["k"][0]), uuid.UUID(document["k"][1])),
-        )
-        if token.at.tzinfo is None or token.last[0].tzinfo is None:
-            raise ValueError("naive timestamp")
+        token = read(document)
     except _NOT_A_TOKEN:
         violations.add(field, "is not a page token returned by this listing")
         return None
@@ -144,9 +146,33 @@ def decode_page_token(
     return token
 
 
+def _read_page_token(document: Any) -> PageToken:
+    token = PageToken(
+        at=datetime.fromisoformat(document["at"]),
+        last=(datetime.fromisoformat(document["k"][0]), uuid.UUID(document["k"][1])),
+    )
+    if token.at.tzinfo is None or token.last[0].tzinfo is None:
+        raise ValueError("naive timestamp")
+    return token
+
+
+def decode_page_token(
+    violations: Violations, field: str, value: str, fingerprint: str, secret: bytes
+) -> PageToken | None:
+    """Decode a `page_token` (None for the first page, or after adding a violation)."""
+    return _open(violations, field, value, fingerprint, secret, _read_page_token)
+
+
 def encode_id_page_token(secret: bytes, fingerprint: str, token: IdPageToken) -> str:
     """The opaque `next_page_token` of an id-ordered listing for a page ending at `last_id`."""
     return _seal(secret, {"v": _VERSION, "q": fingerprint, "id": token.last_id})
+
+
+def _read_id_page_token(document: Any) -> IdPageToken:
+    last_id = document["id"]
+    if not isinstance(last_id, str) or not last_id:
+        raise ValueError("id")
+    return IdPageToken(last_id=last_id)
 
 
 def decode_id_page_token(
@@ -154,17 +180,4 @@ def decode_id_page_token(
 ) -> IdPageToken | None:
     """Decode the `page_token` of an id-ordered listing (None for the first page, or after
     adding a violation)."""
-    if not value:
-        return None
-    try:
-        document = _unseal(value, secret)
-        last_id = document["id"]
-        if not isinstance(last_id, str) or not last_id:
-            raise ValueError("id")
-    except _NOT_A_TOKEN:
-        violations.add(field, "is not a page token returned by this listing")
-        return None
-    if document.get("q") != fingerprint:
-        violations.add(field, "belongs to a listing with other parameters")
-        return None
-    return IdPageToken(last_id=last_id)
+    return _open(violations, field, value, fingerprint, secret, _read_id_page_token)
