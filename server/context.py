@@ -162,24 +162,31 @@ def _episode_candidate(row: dict[str, Any]) -> Candidate:
     )
 
 
-def _hop_entities(packer: Packer, query: str, max_entities: int) -> list[str]:
-    """The entities of the multi-hop pass: none when no budget remains."""
+def _hop_sources(packer: Packer) -> tuple[str, ...] | None:
+    """The texts the multi-hop entities are drawn from: the retained facts; None when no
+    budget remains (no pass)."""
     if packer.remaining <= 0:
+        return None
+    return tuple(c.text for c in packer.included if c.kind == FACT)
+
+
+def _hop_entities(sources: tuple[str, ...] | None, query: str, max_entities: int) -> list[str]:
+    """The entities of the multi-hop pass: none when no budget remains."""
+    if sources is None:
         return []
-    retained = [c.text for c in packer.included if c.kind == FACT]
-    return extract_entities(retained, query, max_entities)
+    return extract_entities(sources, query, max_entities)
 
 
-def _likely_hop_entities(
-    request: ContextRequest, facts: list[Candidate], skip_served: bool, max_entities: int
-) -> list[str]:
-    """The multi-hop entities of a packing of the facts alone: hybrid packing ranks episodes
+def _likely_hop_sources(
+    request: ContextRequest, facts: list[Candidate], skip_served: bool
+) -> tuple[str, ...] | None:
+    """The multi-hop sources of a packing of the facts alone: hybrid packing ranks episodes
     among the facts, and mostly retains the same facts, so its pass can start on this guess
     while the episodes load (it runs again, on the right entities, when the guess missed)."""
     packer = Packer(request.budget_tokens, max_distance=request.max_distance)
     for _ in packer.pack(facts, skip_served=skip_served):
         pass
-    return _hop_entities(packer, request.query, max_entities)
+    return _hop_sources(packer)
 
 
 def _served_fact(row: dict[str, Any]) -> ServedFact:
@@ -235,13 +242,14 @@ async def assemble(
         async with autocommit(source) as conn:
             return await query(conn, *args, **kwargs)
 
-    # The searched words and the scope's size need no vector: looked up while embedding.
-    embedding = asyncio.ensure_future(runtime.embed_query(request.query))
+    # The searched words and the scope's size need no vector: looked up while embedding. The
+    # embedding is handed to its thread first (awaited at once, not scheduled as a task).
+    planning = asyncio.ensure_future(fetch(store.plan_query, scope, request.query, cfg))
     try:
-        plan = await fetch(store.plan_query, scope, request.query, cfg)
-        vector = await embedding
+        vector = await runtime.embed_query(request.query)
+        plan = await planning
     finally:
-        embedding.cancel()
+        planning.cancel()
     mark = timer.add("embed", timer.started)
 
     packer = Packer(request.budget_tokens, max_distance=request.max_distance)
@@ -277,11 +285,10 @@ async def assemble(
                 yield decision
             yield PASS_END
             mark = timer.add("pack", mark)
-            hop_entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+            hop_sources = _hop_sources(packer)
         else:  # the pass a packing of the facts alone would need, run while episodes load
-            hop_entities = _likely_hop_entities(
-                request, fact_candidates, skip, cfg.multi_hop_max_entities
-            )
+            hop_sources = _likely_hop_sources(request, fact_candidates, skip)
+        hop_entities = _hop_entities(hop_sources, request.query, cfg.multi_hop_max_entities)
         if hop_entities:
             hop_task = multi_hop(hop_entities)
         episodes = await episodes_task
@@ -293,7 +300,12 @@ async def assemble(
                 yield decision
             yield PASS_END
             mark = timer.add("pack", mark)
-            entities = _hop_entities(packer, request.query, cfg.multi_hop_max_entities)
+            sources = _hop_sources(packer)
+            entities = (
+                hop_entities
+                if sources == hop_sources
+                else _hop_entities(sources, request.query, cfg.multi_hop_max_entities)
+            )
             if entities != hop_entities:  # the guess missed: the pass the packing needs
                 if hop_task is not None:
                     unused.append(hop_task)  # left to end: cancelling a query costs more

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -233,6 +234,37 @@ async def test_autocommit_reads_leave_pooled_connections_transactional(pg_dsn: s
         async with pool.connection() as conn:
             assert not conn.autocommit
             assert (await (await conn.execute("SELECT 2")).fetchone()) == (2,)
+    finally:
+        await pool.close()
+
+
+async def test_planned_pool_connections_stay_in_autocommit(pg_dsn: str) -> None:
+    """A planned pool's connections are in autocommit for their whole session (no switch per
+    statement), `conn.transaction()` still groups statements on them, and their JSON values read
+    as the standard library reads them (an integer beyond 64 bits as the double it is served as,
+    google.protobuf.Value holding doubles)."""
+    from satchel.server.storage.pool import autocommit, create_pool
+
+    pool = create_pool(pg_dsn, min_size=1, max_size=1, ef_search=40, planned=True)
+    await pool.open(wait=True)
+    value = {"city": "Lisbon", "n": [1, 2.5, None, True], "big": 12345678901234567890123}
+    try:
+        async with autocommit(pool) as conn:
+            assert conn.autocommit
+            row = await (await conn.execute("SELECT %s::jsonb", (json.dumps(value),))).fetchone()
+            assert row[0] == {**value, "big": float(value["big"])}
+            async with conn.transaction():
+                await conn.execute("CREATE TEMP TABLE grouped (x int)")
+                await conn.execute("INSERT INTO grouped VALUES (1)")
+                assert conn.info.transaction_status == TransactionStatus.INTRANS
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+            assert (await (await conn.execute("SELECT count(*) FROM grouped")).fetchone()) == (1,)
+        async with pool.connection() as conn:
+            assert conn.autocommit  # handed back as it was
+            mode = await (
+                await conn.execute("SELECT current_setting('plan_cache_mode')")
+            ).fetchone()
+            assert mode == ("force_generic_plan",)
     finally:
         await pool.close()
 

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 
 def timestamp_message(value: datetime | None) -> timestamp_pb2.Timestamp | None:
-    """A datetime as a Timestamp (None stays unset)."""
+    """A datetime as a Timestamp (None stays unset; a naive one is UTC, as `FromDatetime`
+    reads it). Exact integer arithmetic, ~10x cheaper than protobuf's `FromDatetime`, which
+    runs in Python, a few dozen times a context call."""
     if value is None:
         return None
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromDatetime(value)
-    return stamp
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    since = value - _EPOCH
+    return timestamp_pb2.Timestamp(
+        seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000
+    )
 
 
 def value_message(value: Any) -> struct_pb2.Value:
