@@ -281,11 +281,14 @@ def evaluate(
 
 def satchel_row(path: Path) -> dict[str, Any]:
     """satchel's own figures from its evaluation report (run in the project's .venv: its
-    server does not install beside Mem0). Its latency is a whole AssembleContext over gRPC."""
+    server does not install beside Mem0). Its latency is a whole AssembleContext over gRPC,
+    from the harness to a `satchel serve` process (compare.sh), or to a server inside the
+    harness's own event loop."""
     report = json.loads(path.read_text())
     summaries = report["evidence"]["original"]["satchel"]
+    where = "server in the harness" if report["settings"]["server"] == "in-process" else "server"
     return {
-        "label": "satchel (AssembleContext over gRPC, defaults)",
+        "label": f"satchel (AssembleContext over gRPC, defaults; {where} process)",
         "status": "ok",
         "index_s": float(report["run"]["timings_s"]["load_s"]),  # embedding included
         **summaries,
