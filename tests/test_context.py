@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -676,3 +677,70 @@ async def test_a_cancelled_stream_stops_its_database_work(
         return stats["pool_available"] == stats["pool_size"]
 
     assert await _poll(pool_idle), "the cancelled call kept a pooled connection"
+
+
+SLOW_TRACE_SECONDS = 0.4
+
+
+@pytest.fixture
+async def slow_trace_writes(pg_dsn: str, project_id: str) -> AsyncIterator[None]:
+    """Every context call of this test's project takes SLOW_TRACE_SECONDS to write its trace
+    (a trigger on the call's row): a reply sent before the trace is committed would be seen."""
+    import psycopg
+
+    function = f"slow_trace_{project_id.replace('-', '_')}"
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN PERFORM pg_sleep({SLOW_TRACE_SECONDS}); RETURN NEW; END $$"
+        )
+        await conn.execute(
+            f"CREATE TRIGGER {function} BEFORE INSERT ON context_calls FOR EACH ROW"
+            f" WHEN (NEW.project_id = '{project_id}') EXECUTE FUNCTION {function}()"
+        )
+        try:
+            yield
+        finally:
+            await conn.execute(f"DROP TRIGGER {function} ON context_calls")
+            await conn.execute(f"DROP FUNCTION {function}()")
+
+
+async def _committed_decisions(pg_dsn: str, trace_id: str) -> int | None:
+    """The decisions stored for a call, read on a connection of its own (committed data only);
+    None when the call's row is not there."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        call = await conn.execute("SELECT 1 FROM context_calls WHERE trace_id = %s", (trace_id,))
+        if await call.fetchone() is None:
+            return None
+        rows = await conn.execute(
+            "SELECT count(*) FROM context_traces WHERE trace_id = %s", (trace_id,)
+        )
+        return (await rows.fetchone())[0]
+
+
+async def test_the_packet_is_sent_once_its_trace_is_committed(
+    channel: grpc.aio.Channel, project_id: str, pg_dsn: str, slow_trace_writes: None
+) -> None:
+    """The packet is rendered while the trace is written, and sent only once the trace is
+    committed: read from another connection the moment the reply (unary) or the packet message
+    (stream) arrives, the call and every one of its decisions are there."""
+    await assert_facts(channel, project_id, CAROLINE)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    reply = await assemble(channel, project_id, "Where does Caroline live?")
+    assert loop.time() - started >= SLOW_TRACE_SECONDS  # the reply waited for the slow write
+    trace = await trace_of(channel, project_id, reply.trace_id)
+    assert await _committed_decisions(pg_dsn, reply.trace_id) == len(trace.decisions) > 0
+
+    call = context_stub(channel).StreamContext(
+        pb.StreamContextRequest(project_id=project_id, subject_id=SUBJECT, query="Caroline's job?")
+    )
+    decisions = 0
+    async for message in call:
+        if message.WhichOneof("event") == "decision":
+            decisions += 1
+            continue
+        assert message.WhichOneof("event") == "packet"
+        assert await _committed_decisions(pg_dsn, message.trace_id) == decisions > 0

@@ -9,13 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "peers" / "run.py"
 
 
-def test_the_peer_comparison_runs_its_references_and_reports_missing_peers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("server", "where"),
+    [("127.0.0.1:50123", "server process"), ("in-process", "server in the harness process")],
+)
+def test_the_peer_comparison_runs_its_references_and_reports_missing_peers(
+    tmp_path: Path, server: str, where: str
+) -> None:
     report = {
         "run": {"timings_s": {"load_s": 1.5}},
+        "settings": {"server": server},
         "evidence": {
             "original": {
                 "satchel": {
@@ -51,4 +60,5 @@ def test_the_peer_comparison_runs_its_references_and_reports_missing_peers(tmp_p
     table = subprocess.run(
         [sys.executable, str(RUN), *args], capture_output=True, text=True, timeout=300, cwd=ROOT
     ).stdout
-    assert "| satchel (AssembleContext over gRPC, defaults) | 81.0 % | 83.0 % | 94.0 % |" in table
+    row = f"| satchel (AssembleContext over gRPC, defaults; {where}) | 81.0 % | 83.0 % | 94.0 % |"
+    assert row in table
