@@ -1,7 +1,7 @@
 """Talent selection calibration: recall of gold talents, catalogue tokens served, gating.
 
     .venv/bin/python benchmarks/talent_calibration.py [--data ../shared/data] [--queries 1000]
-        [--seed 7] [--latency] [--latency-calls 300]
+        [--seed 7] [--equal-count-only] [--latency] [--latency-calls 300]
 
 Reads the evaluation data from `../shared/data` at run time (never copied into the repo):
 
@@ -13,13 +13,21 @@ Reads the evaluation data from `../shared/data` at run time (never copied into t
   real SKILL.md size) plus the 257 cursor rules (an `.mdc` each: description, globs, body),
   read by the same parser as `satchel talents import`; 25 coding tasks written here with
   their gold talents, and 10 off-domain tasks that should be gated.
+- Our own labelled set (`data/talent_tasks.json`, loaded by `talent_tasks.py`): English coding
+  tasks and their French twins over a slice of that catalogue, and off-domain tasks.
+
+First, for the embedding model's server defaults: recall@k of BM25, the plain cosine, the
+seed's score and the hybrid score; each selection's recall at the count it served beside BM25
+and the plain cosine at that same count and budget (with the served count's distribution);
+hybrid scoring's margin x cap and floor sweeps; English tasks beside their French twins.
+Then, unless `--equal-count-only`, the seed scoring's calibration on the first three data sets:
+a grid of FLOOR x BETA x MARGIN (budget 2000), the gate, then a budget sweep: recall of gold
+talents, mean share of the candidates' tokens served, mean talents served, share of in-domain
+queries wrongly gated, share of off-domain tasks gated.
 
 Every selection goes through `satchel.server.talents.resolve_selection`, the function the
 server's ResolveTalents calls, with vectors from the real embedder (passage/query prefixes as
-the server adds them). For a grid of FLOOR x BETA x MARGIN (budget 2000), then a budget sweep,
-it prints Markdown tables: recall of gold talents, mean share of the candidates' tokens
-served, mean talents served, share of in-domain queries wrongly gated, share of off-domain
-tasks gated.
+the server adds them).
 
 `--latency` also starts `satchel serve` (embedded PostgreSQL in a temporary directory, or
 SATCHEL_DATABASE_URL), imports 200 talents through gRPC, and times ResolveTalents with
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -47,16 +56,20 @@ from pathlib import Path
 import numpy as np
 
 from satchel.server.commands.talents import talent_from_text
-from satchel.server.config import Settings
+from satchel.server.config import Settings, TalentSettings
+from satchel.server.domain.talent_lexical import LexicalIndex
 from satchel.server.domain.talent_selection import (
     CentredSpace,
     ScorableTalent,
+    Scoring,
     SelectionParams,
+    select,
+    stems,
 )
 from satchel.server.embedding import load_embedder
 from satchel.server.embedding.port import Embedder
 from satchel.server.storage.talents import TalentRecord
-from satchel.server.talents import resolve_selection, scorable
+from satchel.server.talents import default_params, resolve_selection, scorable
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FLOORS = (0.10, 0.14, 0.18, 0.22, 0.26)
@@ -180,13 +193,39 @@ class Query:
 
 @dataclass
 class Dataset:
-    """A catalogue (candidates and their vectors) and queries with their vectors."""
+    """A catalogue (candidates, their vectors and BM25 index) and queries with their vectors."""
 
     name: str
     candidates: list[ScorableTalent]
     space: CentredSpace
     queries: list[Query]
     query_vectors: np.ndarray
+    lexical: LexicalIndex
+
+    @functools.cached_property
+    def baselines(self) -> dict[str, list[list[str]]]:
+        """Per query, every candidate ranked by BM25 and by the plain cosine."""
+        ids = [t.id for t in self.candidates]
+        return {
+            "BM25": [_ranked(ids, self.lexical.scores(q.task)[0]) for q in self.queries],
+            "cosine": [_ranked(ids, self.space.cosines(v)) for v in self.query_vectors],
+        }
+
+
+def own_task_set(
+    coding: Sequence[ScorableTalent],
+) -> tuple[list[ScorableTalent], list[Query], list[Query]]:
+    """The own labelled set (benchmarks/data/talent_tasks.json): its slice of the coding
+    catalogue, the English tasks then the English off-domain ones, and their French twins in
+    the same order."""
+    from talent_tasks import load_talent_tasks  # benchmarks/, beside this script
+
+    tasks = load_talent_tasks()
+    catalogue = [t for t in coding if t.id in set(tasks.catalogue_slice)]
+    english = [t for t in (*tasks.tasks, *tasks.off_domain) if t.lang == "en"]
+    en = [Query(t.text, frozenset(t.gold)) for t in english]
+    fr = [Query(tasks.twin_of(t).text, frozenset(tasks.twin_of(t).gold)) for t in english]
+    return catalogue, en, fr
 
 
 def metatool_catalogue(data: Path) -> list[ScorableTalent]:
@@ -290,7 +329,8 @@ def embed_dataset(
     embedder = cache.embedder
     vectors = cache.embed([embedder.passage_prefix + t.text for t in candidates])
     query_vectors = cache.embed([embedder.query_prefix + q.task for q in queries])
-    return Dataset(name, candidates, CentredSpace.of(vectors), queries, query_vectors)
+    lexical = LexicalIndex.of([t.text for t in candidates])
+    return Dataset(name, candidates, CentredSpace.of(vectors), queries, query_vectors, lexical)
 
 
 @dataclass
@@ -316,6 +356,7 @@ def evaluate(dataset: Dataset, params: SelectionParams) -> Row:
             query.task,
             relevance=True,
             params=params,
+            lexical=dataset.lexical,
         )
         kept = set(result.selected_ids)
         if query.gold:
@@ -334,6 +375,226 @@ def evaluate(dataset: Dataset, params: SelectionParams) -> Row:
         gated_in=statistics.fmean(gated_in),
         gated_off=statistics.fmean(gated_off) if gated_off else None,
     )
+
+
+RECALL_AT = (1, 3, 5, 10)
+UNCUT = {"floor": -1.0, "margin": 10.0, "budget_tokens": 10**9, "max_served": 0}
+
+
+def _ranked(ids: Sequence[str], scores: np.ndarray) -> list[str]:
+    """Ids by descending score, ties by id (as selection breaks them)."""
+    order = np.lexsort((np.array(ids), -np.asarray(scores)))
+    return [ids[i] for i in order]
+
+
+def rankings(dataset: Dataset, params: SelectionParams) -> dict[str, list[list[str]]]:
+    """Per query, every candidate ranked by BM25, plain cosine, the seed's score and the
+    hybrid score (the latter two through `select`, uncut, with `params`' beta and weight)."""
+    found: dict[str, list[list[str]]] = {**dataset.baselines, "seed score": [], "hybrid": []}
+    for query, vector in zip(dataset.queries, dataset.query_vectors, strict=True):
+        for name, scoring in (("seed score", Scoring.SEED), ("hybrid", Scoring.HYBRID)):
+            uncut = replace(params, scoring=scoring, **UNCUT)
+            result = select(
+                dataset.candidates,
+                dataset.space,
+                vector,
+                stems(query.task),
+                uncut,
+                task=query.task,
+                lexical=dataset.lexical,
+            )
+            found[name].append([d.id for d in (*result.kept, *result.excluded)])
+    return found
+
+
+def _recall(ranked: Sequence[str], gold: frozenset[str], count: int) -> float:
+    return len(set(ranked[:count]) & gold) / len(gold)
+
+
+def _packed(ranked: Sequence[str], count: int, tokens: dict[str, int], budget: int) -> list[str]:
+    """The first `count` of a ranking that fit the budget together, taken as selection takes
+    them (one that does not fit is skipped, the next may fit)."""
+    packed, used = [], 0
+    for talent_id in ranked:
+        if len(packed) == count:
+            break
+        if used + tokens[talent_id] <= budget:
+            packed.append(talent_id)
+            used += tokens[talent_id]
+    return packed
+
+
+def ranking_table(datasets: Sequence[Dataset], params: SelectionParams) -> str:
+    """Recall of gold talents among the first k of each ranking, per data set."""
+    lines = [
+        "| data set | ranking | " + " | ".join(f"recall@{k}" for k in RECALL_AT) + " |",
+        "|---|---|" + "---|" * len(RECALL_AT),
+    ]
+    for d in datasets:
+        labelled = [i for i, q in enumerate(d.queries) if q.gold]
+        for name, ranked in rankings(d, params).items():
+            cells = [
+                statistics.fmean(_recall(ranked[i], d.queries[i].gold, k) for i in labelled)
+                for k in RECALL_AT
+            ]
+            lines.append(f"| {d.name} | {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+@dataclass
+class EqualCount:
+    """One selection over one data set, beside the baselines at the same count and budget."""
+
+    recall: float
+    served: float
+    served_quantiles: tuple[float, float, int]
+    bm25: float
+    cosine: float
+    gated: float
+    gated_off: float | None
+
+    @property
+    def gain(self) -> float:
+        """Points of recall over BM25 at the same count."""
+        return 100 * (self.recall - self.bm25)
+
+
+def equal_count_row(d: Dataset, params: SelectionParams) -> EqualCount:
+    """Run `params` over every query of `d`; each query's served count also cuts BM25's and the
+    plain cosine's rankings (first ones that fit the same budget, as selection takes them)."""
+    ranked = d.baselines
+    tokens = {t.id: t.tokens for t in d.candidates}
+    recall, bm25, cosine, served, gated, gated_off = [], [], [], [], [], []
+    for i, (query, vector) in enumerate(zip(d.queries, d.query_vectors, strict=True)):
+        result = resolve_selection(
+            d.candidates,
+            d.space,
+            vector,
+            query.task,
+            relevance=True,
+            params=params,
+            lexical=d.lexical,
+        )
+        if not query.gold:
+            gated_off.append(result.out_of_domain)
+            continue
+        kept = result.selected_ids
+        recall.append(len(set(kept) & query.gold) / len(query.gold))
+        for found, name in ((bm25, "BM25"), (cosine, "cosine")):
+            same = _packed(ranked[name][i], len(kept), tokens, params.budget_tokens)
+            found.append(len(set(same) & query.gold) / len(query.gold))
+        served.append(len(kept))
+        gated.append(result.out_of_domain)
+    deciles = statistics.quantiles(served, n=10, method="inclusive")
+    return EqualCount(
+        recall=statistics.fmean(recall),
+        served=statistics.fmean(served),
+        served_quantiles=(statistics.median(served), deciles[8], max(served)),
+        bm25=statistics.fmean(bm25),
+        cosine=statistics.fmean(cosine),
+        gated=statistics.fmean(gated),
+        gated_off=statistics.fmean(gated_off) if gated_off else None,
+    )
+
+
+def equal_count_table(datasets: Sequence[Dataset], selections: dict[str, SelectionParams]) -> str:
+    """Each selection's recall at the count it served, beside BM25's and the plain cosine's
+    first results at that same count and under the same budget, query by query; the served
+    count's distribution."""
+    lines = [
+        "| data set | selection | recall | served mean | served p50 / p90 / max | BM25 same count"
+        " | cosine same count | vs BM25 | gated | off-domain gated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d in datasets:
+        for label, params in selections.items():
+            row = equal_count_row(d, params)
+            p50, p90, top = row.served_quantiles
+            lines.append(
+                f"| {d.name} | {label} | {row.recall:.3f} | {row.served:.2f} |"
+                f" {p50:g} / {p90:g} / {top} | {row.bm25:.3f} | {row.cosine:.3f} |"
+                f" {row.gain:+.1f} pts | {row.gated:.3f} | {_cell(row.gated_off)} |"
+            )
+    return "\n".join(lines)
+
+
+HYBRID_FLOORS = (0.16, 0.18, 0.20, 0.22, 0.24, 0.26)
+HYBRID_MARGINS = (0.15, 0.20, 0.25, 0.30, 0.35)
+HYBRID_CAPS = (5, 8, 10)
+
+
+def hybrid_cut_table(datasets: Sequence[Dataset], params: SelectionParams) -> str:
+    """Hybrid scoring's margin x cap: recall, mean served and the gain over BM25 at the same
+    count and budget, per data set (how the default cut was chosen)."""
+    head = "| margin | at most |"
+    rule = "|---|---|"
+    for d in datasets:
+        head += f" {d.name} recall | served | vs BM25 |"
+        rule += "---|---|---|"
+    lines = [head, rule]
+    for margin in HYBRID_MARGINS:
+        for cap in HYBRID_CAPS:
+            line = f"| {margin:.2f} | {cap} |"
+            for d in datasets:
+                row = equal_count_row(d, replace(params, margin=margin, max_served=cap))
+                line += f" {row.recall:.3f} | {row.served:.2f} | {row.gain:+.1f} |"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def hybrid_gate_table(datasets: Sequence[Dataset], params: SelectionParams) -> str:
+    """Hybrid scoring's floor on the plain cosine: in-domain tasks wrongly gated and off-domain
+    tasks gated, per data set (how the default floor was chosen)."""
+    head, rule = "| floor |", "|---|"
+    for d in datasets:
+        off = any(not q.gold for q in d.queries)
+        head += f" {d.name} gated |" + (" off-domain gated |" if off else "")
+        rule += "---|" + ("---|" if off else "")
+    lines = [head, rule]
+    for floor in HYBRID_FLOORS:
+        line = f"| {floor:.2f} |"
+        for d in datasets:
+            row = equal_count_row(d, replace(params, floor=floor))
+            line += f" {row.gated:.3f} |" + (
+                f" {row.gated_off:.3f} |" if row.gated_off is not None else ""
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def twins_table(
+    dataset_en: Dataset, dataset_fr: Dataset, selections: dict[str, SelectionParams]
+) -> str:
+    """English tasks beside their French twins (same order), per selection: how often each
+    serves a gold talent, and how often the twin serves the same set."""
+    lines = [
+        "| selection | twins | English serves a gold talent | French serves a gold talent"
+        " | same set |",
+        "|---|---|---|---|---|",
+    ]
+    labelled = [i for i, query in enumerate(dataset_en.queries) if query.gold]
+    for label, params in selections.items():
+        outcomes = []
+        for i in labelled:
+            en, fr = (
+                set(
+                    resolve_selection(
+                        d.candidates,
+                        d.space,
+                        d.query_vectors[i],
+                        d.queries[i].task,
+                        relevance=True,
+                        params=params,
+                        lexical=d.lexical,
+                    ).selected_ids
+                )
+                for d in (dataset_en, dataset_fr)
+            )
+            gold = dataset_en.queries[i].gold
+            outcomes.append((bool(en & gold), bool(fr & gold), en == fr))
+        en_hit, fr_hit, same = (statistics.fmean(o[k] for o in outcomes) for k in range(3))
+        lines.append(f"| {label} | {len(outcomes)} | {en_hit:.3f} | {fr_hit:.3f} | {same:.3f} |")
+    return "\n".join(lines)
 
 
 def _cell(value: float | None) -> str:
@@ -525,7 +786,26 @@ def measure_latency(data: Path, calls: int, seed: int, embedder: Embedder) -> st
         lines.append(
             f"| {label} | {len(timings)} | {q[0]:.1f} | {q[1]:.1f} | {q[2]:.1f} | {server} |"
         )
+    ratio = statistics.median(results["embeddings, new tasks"]) / statistics.median(timings)
+    lines.append(f"\nResolveTalents p50 / task embedding p50 (new tasks): {ratio:.2f}")
     return "\n".join(lines)
+
+
+def _selection_label(name: str, params: SelectionParams) -> str:
+    return f"{name} ({params.scoring}, margin {params.margin}, at most {params.max_served})"
+
+
+def print_seed_calibration(
+    datasets: Sequence[Dataset], no_grid: bool, floor: float, beta: float, margin: float
+) -> None:
+    """The seed scoring's grid, gate and budget sweep (how its defaults were chosen)."""
+    if not no_grid:
+        print(f"\n## Grid, seed scoring (budget {BASE_BUDGET})\n")
+        print(grid_table(datasets))
+    print(f"\n## Gate, seed scoring (beta {beta}, margin {margin}, budget {BASE_BUDGET})\n")
+    print(gate_table(datasets, beta, margin))
+    print(f"\n## Budget sweep, seed scoring (floor {floor}, beta {beta}, margin {margin})\n")
+    print(budget_table(datasets, floor, beta, margin))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -541,6 +821,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", action="store_true", help="also time ResolveTalents")
     parser.add_argument("--latency-calls", type=int, default=300)
     parser.add_argument("--no-grid", action="store_true", help="skip the grid")
+    parser.add_argument(
+        "--equal-count-only",
+        action="store_true",
+        help="only the rankings, the equal-count tables and the twins (no grid, gate, budget)",
+    )
     args = parser.parse_args(argv)
 
     settings = Settings.from_env()
@@ -569,19 +854,38 @@ def main(argv: list[str] | None = None) -> int:
         embed_dataset("MetaTool multi", cache, metatool, metatool_multi(args.data)),
         embed_dataset("coding", cache, coding, coding_queries),
     ]
+    own, own_en, own_fr = own_task_set(coding)
+    datasets += [
+        embed_dataset("own, English", cache, own, own_en),
+        embed_dataset("own, French", cache, own, own_fr),
+    ]
     print(f"model {embedder.model_id}; embedded in {time.perf_counter() - started:.0f} s")
     for d in datasets:
         tokens = sum(t.tokens for t in d.candidates)
         print(
             f"- {d.name}: {len(d.candidates)} talents ({tokens} tokens), {len(d.queries)} queries"
         )
-    if not args.no_grid:
-        print(f"\n## Grid (budget {BASE_BUDGET})\n")
-        print(grid_table(datasets))
-    print(f"\n## Gate (beta {beta}, margin {margin}, budget {BASE_BUDGET})\n")
-    print(gate_table(datasets, beta, margin))
-    print(f"\n## Budget sweep (floor {floor}, beta {beta}, margin {margin})\n")
-    print(budget_table(datasets, floor, beta, margin))
+    served = default_params(TalentSettings(), embedder.model_id)
+    hybrid = default_params(TalentSettings(scoring=Scoring.HYBRID), embedder.model_id)
+    seed = SelectionParams(floor, beta, margin, BASE_BUDGET)
+    print(f"\n## Rankings (beta {hybrid.beta}, text weight {hybrid.text_weight})\n")
+    print(ranking_table(datasets, hybrid))
+    selections = {
+        f"seed (centred, margin {margin}, no cap)": seed,
+        _selection_label("server default", served): served,
+    }
+    if hybrid != served:
+        selections[_selection_label("hybrid", hybrid)] = hybrid
+    print("\n## Selection at equal count\n")
+    print(equal_count_table(datasets, selections))
+    print(f"\n## Hybrid cut: margin x at most (floor {hybrid.floor})\n")
+    print(hybrid_cut_table(datasets, hybrid))
+    print(f"\n## Hybrid gate: floor on the plain cosine (margin {hybrid.margin})\n")
+    print(hybrid_gate_table(datasets, hybrid))
+    print("\n## English tasks and their French twins\n")
+    print(twins_table(datasets[-2], datasets[-1], selections))
+    if not args.equal_count_only:
+        print_seed_calibration(datasets[:3], args.no_grid, floor, beta, margin)
     if args.latency:
         print("\n## ResolveTalents latency through gRPC\n")
         print(measure_latency(args.data, args.latency_calls, args.seed, embedder))

@@ -614,6 +614,7 @@ class AsyncSatchelClient:
         floor: float | None = None,
         beta: float | None = None,
         margin: float | None = None,
+        max_served: int | None = None,
         timeout: float | None = None,
     ) -> talent_pb2.ResolveTalentsResponse:
         """The talents an agent of `role` receives for `task` (`.selection`)."""
@@ -626,6 +627,7 @@ class AsyncSatchelClient:
             floor=floor,
             beta=beta,
             margin=margin,
+            max_served=max_served,
         )
         return await self._unary(
             self._talents.ResolveTalents, request, timeout, talent_pb2.ResolveTalentsResponse

@@ -602,6 +602,7 @@ class SatchelClient:
         floor: float | None = None,
         beta: float | None = None,
         margin: float | None = None,
+        max_served: int | None = None,
         timeout: float | None = None,
     ) -> talent_pb2.ResolveTalentsResponse:
         """The talents an agent of `role` receives for `task` (`.selection`)."""
@@ -614,6 +615,7 @@ class SatchelClient:
             floor=floor,
             beta=beta,
             margin=margin,
+            max_served=max_served,
         )
         return self._unary(
             self._talents.ResolveTalents, request, timeout, talent_pb2.ResolveTalentsResponse

@@ -240,6 +240,7 @@ def resolve_talents(
     floor: float | None = None,
     beta: float | None = None,
     margin: float | None = None,
+    max_served: int | None = None,
 ) -> talent_pb2.ResolveTalentsRequest:
     """A ResolveTalentsRequest; unset overrides keep the server's parameters."""
     return talent_pb2.ResolveTalentsRequest(
@@ -251,6 +252,7 @@ def resolve_talents(
         floor=floor,
         beta=beta,
         margin=margin,
+        max_served=max_served,
     )
 
 

@@ -100,8 +100,13 @@ class ContextSettings:
 
 # `satchel calibrate-floor` on the LoCoMo dev questions: the cosine distance that keeps 95 % of
 # the relevant turns (all-MiniLM-L6-v2 int8: 0.752, dropping 52 % of the irrelevant ones;
-# all-mpnet-base-v2 int8: 0.786, dropping 54 %; benchmarks/models.md).
-RECALL_FLOORS: dict[str, float] = {"all-minilm-l6-v2": 0.75, "all-mpnet-base-v2": 0.79}
+# all-mpnet-base-v2 int8: 0.786, dropping 54 %; multilingual-e5-small int8: 0.216, dropping 49 %,
+# its cosines being compressed; benchmarks/models.md).
+RECALL_FLOORS: dict[str, float] = {
+    "all-minilm-l6-v2": 0.75,
+    "all-mpnet-base-v2": 0.79,
+    "multilingual-e5-small": 0.22,
+}
 
 
 def recall_floor(settings: ContextSettings, model_id: str) -> float:
@@ -125,7 +130,11 @@ class TalentSettings:
 
     Unset floor/beta/margin take the calibrated defaults of the embedding model
     (`satchel.server.talents.MODEL_DEFAULTS`, see benchmarks/talents.md). `roles` is a comma
-    separated list of roles the doctor always knows.
+    separated list of roles the doctor always knows. `scoring`: `hybrid` (cosine, stems and
+    BM25 over the talents' texts, weighted `text_weight`), `seed` (the spec's centred
+    similarity and stems), or empty: hybrid for a model calibrated for it (the bundled one),
+    else seed. `max_served`: at most this many talents kept by relevance (0: no cap). The
+    seed's exact behaviour: scoring=seed, max_served=0.
     """
 
     relevance: str = "off"
@@ -134,6 +143,9 @@ class TalentSettings:
     margin: float | None = None
     budget_tokens: int = 2000
     roles: str = ""
+    scoring: str = ""
+    text_weight: float = 0.3
+    max_served: int = 5
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,9 @@ class Settings:
             (t.beta is None or t.beta >= 0, "SATCHEL_TALENT_BETA must not be negative"),
             (t.margin is None or t.margin >= 0, "SATCHEL_TALENT_MARGIN must not be negative"),
             (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
+            (t.scoring in ("", "hybrid", "seed"), "SATCHEL_TALENT_SCORING is hybrid|seed"),
+            (0 <= t.text_weight <= 10, "SATCHEL_TALENT_TEXT_WEIGHT must be in [0, 10]"),
+            (t.max_served >= 0, "SATCHEL_TALENT_MAX_SERVED must not be negative"),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
             (
                 self.log_level.lower() in LOG_LEVELS,

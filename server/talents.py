@@ -40,11 +40,13 @@ from psycopg import AsyncConnection
 from satchel.server.config import TalentSettings
 from satchel.server.domain.talent_graph import Finding, FindingCode, TalentNode, diagnose
 from satchel.server.domain.talent_graph import requires_closure as close_over_requires
+from satchel.server.domain.talent_lexical import LexicalIndex
 from satchel.server.domain.talent_selection import (
     CentredSpace,
     Reason,
     ScorableTalent,
     ScoredTalent,
+    Scoring,
     SelectionParams,
     order_without_relevance,
     select,
@@ -55,12 +57,18 @@ from satchel.server.storage import talents as storage
 from satchel.server.storage.pool import autocommit
 from satchel.server.storage.talents import TalentRecord, TalentRef
 
-# Calibrated (floor, beta, margin) per embedding model, matched as a substring of the model id
-# (lower case); see benchmarks/talents.md (all-mpnet-base-v2: benchmarks/models.md). Other models
-# get the seed's values, which were tuned for multilingual-e5.
+# Calibrated (floor, beta, margin) per embedding model for the seed's scoring, matched as a
+# substring of the model id (lower case); see benchmarks/talents.md (all-mpnet-base-v2:
+# benchmarks/models.md). Other models get the seed's values, which were tuned for
+# multilingual-e5.
 MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "all-minilm-l6-v2": (0.18, 0.12, 0.30),
     "all-mpnet-base-v2": (0.16, 0.12, 0.30),
+}
+# The same for hybrid scoring (the floor bounds the plain cosine): a model listed here is
+# served with hybrid scoring by default, the others with the seed's.
+HYBRID_MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
+    "all-minilm-l6-v2": (0.22, 0.12, 0.30),
 }
 SEED_DEFAULTS: tuple[float, float, float] = (0.18, 0.12, 0.15)
 
@@ -73,23 +81,37 @@ SNAPSHOT_ENTRIES = 256
 TASK_ENTRIES = 1024
 
 
-def model_defaults(model_id: str) -> tuple[float, float, float]:
-    """(floor, beta, margin) calibrated for an embedding model, else the seed's."""
+def _calibrated(
+    table: Mapping[str, tuple[float, float, float]], model_id: str
+) -> tuple[float, float, float] | None:
     lowered = model_id.lower()
-    for pattern, values in MODEL_DEFAULTS.items():
-        if pattern in lowered:
-            return values
-    return SEED_DEFAULTS
+    return next((values for pattern, values in table.items() if pattern in lowered), None)
+
+
+def model_defaults(model_id: str, scoring: Scoring = Scoring.SEED) -> tuple[float, float, float]:
+    """(floor, beta, margin) calibrated for an embedding model and a scoring, else the seed's."""
+    table = HYBRID_MODEL_DEFAULTS if scoring == Scoring.HYBRID else MODEL_DEFAULTS
+    return _calibrated(table, model_id) or SEED_DEFAULTS
+
+
+def default_scoring(model_id: str) -> Scoring:
+    """Hybrid for a model calibrated for it, else the seed's scoring."""
+    hybrid = _calibrated(HYBRID_MODEL_DEFAULTS, model_id) is not None
+    return Scoring.HYBRID if hybrid else Scoring.SEED
 
 
 def default_params(settings: TalentSettings, model_id: str) -> SelectionParams:
     """The server's selection parameters: SATCHEL_TALENT_* when set, else the model's."""
-    floor, beta, margin = model_defaults(model_id)
+    scoring = Scoring(settings.scoring) if settings.scoring else default_scoring(model_id)
+    floor, beta, margin = model_defaults(model_id, scoring)
     return SelectionParams(
         floor=floor if settings.floor is None else settings.floor,
         beta=beta if settings.beta is None else settings.beta,
         margin=margin if settings.margin is None else settings.margin,
         budget_tokens=settings.budget_tokens,
+        scoring=scoring,
+        text_weight=settings.text_weight,
+        max_served=settings.max_served,
     )
 
 
@@ -135,6 +157,7 @@ class ResolvedTalent:
     stem_hits: int = 0
     tokens: int = 0
     required_by: str = ""
+    text_rank: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,6 +215,7 @@ def _resolved(decision: ScoredTalent, name: str, reason: str | None = None) -> R
         similarity=decision.similarity,
         stem_hits=decision.stem_hits,
         tokens=decision.tokens,
+        text_rank=decision.text_rank,
     )
 
 
@@ -216,6 +240,7 @@ def resolve_selection(
     graph: Mapping[str, TalentNode] | None = None,
     servable: Mapping[str, ScorableTalent] | None = None,
     pinned: Sequence[ScorableTalent] = (),
+    lexical: LexicalIndex | None = None,
 ) -> Resolution:
     """Serve the pinned talents, select among candidates, close over hard edges, render. Pure.
 
@@ -224,6 +249,7 @@ def resolve_selection(
     them among `candidates`) come first, whatever the task, and their tokens are taken from the
     budget first. `graph` holds the edges of the project's active talents and `servable` every
     active talent (candidates are always servable); the closure adds only servable talents.
+    `lexical`: the candidates' BM25 index for hybrid scoring (built when None).
     """
     graph = graph or {}
     by_id = {talent.id: talent for talent in [*pinned, *candidates]}
@@ -234,7 +260,9 @@ def resolve_selection(
     if relevance:
         if talent_vectors is None or task_vector is None:
             raise ValueError("relevance needs the talent and task vectors")
-        result = select(candidates, talent_vectors, task_vector, task_stems, left)
+        result = select(
+            candidates, talent_vectors, task_vector, task_stems, left, task=task, lexical=lexical
+        )
     else:
         result = order_without_relevance(
             candidates, task_stems, talent_vectors, task_vector, beta=params.beta
@@ -403,14 +431,17 @@ class TalentService:
         beta: float | None = None,
         margin: float | None = None,
         budget_tokens: int | None = None,
+        max_served: int | None = None,
     ) -> SelectionParams:
         """The server's defaults with the request's overrides."""
         d = self.defaults
-        return SelectionParams(
+        return replace(
+            d,
             floor=d.floor if floor is None else floor,
             beta=d.beta if beta is None else beta,
             margin=d.margin if margin is None else margin,
             budget_tokens=d.budget_tokens if budget_tokens is None else budget_tokens,
+            max_served=d.max_served if max_served is None else max_served,
         )
 
     def default_relevance(self) -> bool:
@@ -437,7 +468,9 @@ class TalentService:
                 pinned = [p for p in offered if p.talent.pinned]
                 candidates = [p for p in offered if not p.talent.pinned]
                 wants_vectors = task_embedding is not None or cached_task is not None
-                space = await self._space_for(conn, candidates) if wants_vectors else None
+                space, lexical = (
+                    await self._space_for(conn, candidates) if wants_vectors else (None, None)
+                )
                 if role and (project_id, role) not in self._roles_seen:
                     await storage.record_role(conn, project_id, role)
                     self._roles_seen.add((project_id, role))
@@ -458,6 +491,7 @@ class TalentService:
             graph=snapshot.graph,
             servable=snapshot.servable,
             pinned=[p.talent for p in pinned],
+            lexical=lexical,
         )
 
     async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:
@@ -504,14 +538,18 @@ class TalentService:
         # A talent updated between the two reads is served in its newer version.
         return found
 
-    async def _space_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> CentredSpace:
-        """The centred space of a candidate set, computed once per set of contents."""
+    async def _space_for(
+        self, conn: AsyncConnection, talents: Sequence[_Prepared]
+    ) -> tuple[CentredSpace, LexicalIndex]:
+        """The centred space and the BM25 index of a candidate set, computed once per set of
+        contents."""
         key = tuple(p.digest for p in talents)
-        space = self._spaces.lookup(key)
-        if space is None:
+        found = self._spaces.lookup(key)
+        if found is None:
             space = CentredSpace.of(await self._vectors_for(conn, talents))
-            self._spaces.put(key, space)
-        return space  # type: ignore[return-value]
+            found = (space, LexicalIndex.of([p.talent.text for p in talents]))
+            self._spaces.put(key, found)
+        return found  # type: ignore[return-value]
 
     async def _vectors_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> np.ndarray:
         """Vectors of these talents (row i = talents[i]): memory, then database, then model."""

@@ -86,12 +86,17 @@ def test_scripts_run_serves_runs_the_demo_and_stops_cleanly_on_sigterm(test_root
     stamp = ROOT / ".venv" / ".satchel-installed"
     pinned = b"".join(
         (ROOT / name).read_bytes()
-        for name in ("pyproject.toml", "constraints.txt", "mpnet-requirements.txt")
+        for name in (
+            "pyproject.toml",
+            "constraints.txt",
+            "mpnet-requirements.txt",
+            "e5-requirements.txt",
+        )
     )
     wanted = hashlib.sha256(pinned).hexdigest()  # as scripts/setup stamps it
     # scripts/setup would reinstall satchel into the .venv this test runs from: not mid-suite.
     assert stamp.exists() and stamp.read_text().strip() == wanted, (
-        ".venv is not up to date with pyproject.toml, constraints.txt and mpnet-requirements.txt:"
+        ".venv is not up to date with pyproject.toml, constraints.txt and the model requirements:"
         " run scripts/setup (or scripts/test) first"
     )
     data_dir = Path(tempfile.mkdtemp(prefix="run-command-", dir=test_root))

@@ -7,6 +7,7 @@ project id.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -20,6 +21,8 @@ from talent_helpers import (
     upsert,
 )
 
+from satchel.server.config import Settings
+from satchel.server.domain.talent_selection import Scoring
 from satchel.server.talents import model_defaults
 from satchel.v1 import talent_pb2, talent_pb2_grpc
 
@@ -549,7 +552,7 @@ async def test_per_request_overrides_and_the_score_formula(
 ) -> None:
     talents = stub(channel)
     await seed_catalogue(channel, project_id)
-    floor, beta, margin = model_defaults("all-MiniLM-L6-v2-onnx-qint8")
+    floor, beta, margin = model_defaults("all-MiniLM-L6-v2-onnx-qint8", Scoring.HYBRID)
     default = await resolve(talents, project_id, SEED_TASK)
     assert (default.params.floor, default.params.beta, default.params.margin) == (
         floor,
@@ -557,12 +560,17 @@ async def test_per_request_overrides_and_the_score_formula(
         margin,
     )
     assert default.params.budget_tokens == 2000
+    assert (default.params.scoring, default.params.text_weight) == ("hybrid", 0.3)
+    assert default.params.max_served == 5
 
     wide = await resolve(talents, project_id, SEED_TASK, beta=0.5, margin=2.0, floor=0.0)
     assert (wide.params.beta, wide.params.margin, wide.params.floor) == (0.5, 2.0, 0.0)
-    for talent in (*wide.selected, *wide.excluded):
-        if talent.reason != "not_active":
-            assert math.isclose(talent.score, talent.similarity + 0.5 * talent.stem_hits)
+    scored = [t for t in (*wide.selected, *wide.excluded) if t.reason != "not_active"]
+    for talent in scored:
+        assert 0.0 <= talent.text_rank <= 1.0
+        hybrid = talent.similarity + 0.5 * talent.stem_hits + 0.3 * talent.text_rank
+        assert math.isclose(talent.score, hybrid, abs_tol=1e-9)
+    assert max(t.text_rank for t in scored) == 1.0  # the best lexical match ranks 1
 
     def cut(selection: talent_pb2.TalentSelection) -> list[str]:
         return [t.talent_id for t in selection.selected if t.reason == "relevance"]
@@ -581,6 +589,48 @@ async def test_per_request_overrides_and_the_score_formula(
 
     gated = await resolve(talents, project_id, "Sourdough starter feeding schedule", floor=1.0)
     assert gated.out_of_domain and gated.params.floor == 1.0
+
+    capped = await resolve(talents, project_id, SEED_TASK, margin=10.0, max_served=2)
+    assert capped.params.max_served == 2
+    assert cut(capped) == [t.talent_id for t in ranked[:2]]
+    over = {t.talent_id for t in capped.excluded if t.reason == "over_max_served"}
+    assert over and over <= {t.talent_id for t in ranked[2:]}
+
+
+async def test_the_seed_scoring_stays_reachable(
+    settings: Settings, channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """SATCHEL_TALENT_SCORING=seed and SATCHEL_TALENT_MAX_SERVED=0: the spec's score (centred
+    similarity + beta x stem hits), no lexical rank, no cap; the default server ranks the same
+    catalogue by the hybrid score."""
+    from satchel.server.app import SatchelServer
+
+    await seed_catalogue(channel, project_id)
+    seed_talents = replace(settings.talents, scoring="seed", max_served=0)
+    srv = SatchelServer(replace(settings, talents=seed_talents))
+    await srv.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as seed_channel:
+            seed = await resolve(stub(seed_channel), project_id, SEED_TASK, margin=10.0)
+    finally:
+        await srv.stop()
+    hybrid = await resolve(stub(channel), project_id, SEED_TASK, margin=10.0)
+    assert (seed.params.scoring, seed.params.max_served) == ("seed", 0)
+    seed_scored = {
+        t.talent_id: t for t in (*seed.selected, *seed.excluded) if t.reason != "not_active"
+    }
+    for talent in seed_scored.values():
+        assert talent.text_rank == 0.0
+        assert math.isclose(talent.score, talent.similarity + seed.params.beta * talent.stem_hits)
+    # Without a cap, every positive talent within the (wide) margin is served.
+    assert not [t for t in seed.excluded if t.reason == "over_max_served"]
+    hybrid_scored = {t.talent_id: t for t in (*hybrid.selected, *hybrid.excluded)}
+    centred_differs = [
+        i
+        for i, t in seed_scored.items()
+        if not math.isclose(t.similarity, hybrid_scored[i].similarity)
+    ]
+    assert centred_differs, "the seed's centred similarity is not the hybrid's plain cosine"
 
 
 async def test_resolve_validates_the_request(channel: grpc.aio.Channel) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/talent.proto\x12\nsatchel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfc\x01\n\x06Talent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x10\n\x08triggers\x18\x06 \x03(\t\x12\x12\n\ntask_types\x18\x07 \x03(\t\x12\r\n\x05roles\x18\x08 \x03(\t\x12\x10\n\x08requires\x18\t \x03(\t\x12\x10\n\x08includes\x18\n \x03(\t\x12\x12\n\nrecommends\x18\x0b \x03(\t\x12.\n\nupdated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06pinned\x18\r \x01(\x08\"\x9c\x01\n\x0eSelectedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nsimilarity\x18\x04 \x01(\x01\x12\x11\n\tstem_hits\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\"\x9c\x01\n\x0e\x45xcludedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\x12\x11\n\tstem_hits\x18\x06 \x01(\x05\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\"\xb9\x02\n\x0fTalentSelection\x12,\n\x08selected\x18\x01 \x03(\x0b\x32\x1a.satchel.v1.SelectedTalent\x12,\n\x08\x65xcluded\x18\x02 \x03(\x0b\x32\x1a.satchel.v1.ExcludedTalent\x12\x15\n\rout_of_domain\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x10\n\x08\x63ompiled\x18\x05 \x01(\t\x12\x17\n\x0ftokens_selected\x18\x06 \x01(\x05\x12\x19\n\x11tokens_candidates\x18\x07 \x01(\x05\x12,\n\trelevance\x18\x08 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x31\n\x06params\x18\t \x01(\x0b\x32!.satchel.v1.TalentSelectionParams\"[\n\x15TalentSelectionParams\x12\r\n\x05\x66loor\x18\x01 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x01\x12\x0e\n\x06margin\x18\x03 \x01(\x01\x12\x15\n\rbudget_tokens\x18\x04 \x01(\x05\"C\n\x10\x44iagnosisFinding\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"9\n\x13UpsertTalentRequest\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\"K\n\x14UpsertTalentResponse\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"d\n\x12ListTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"n\n\x13ListTalentsResponse\x12#\n\x07talents\x18\x01 \x03(\x0b\x32\x12.satchel.v1.Talent\x12\x19\n\x11\x61\x63tive_talent_ids\x18\x02 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"S\n\x1aSetTalentActivationRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"T\n\x1bSetTalentActivationResponse\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"\xfd\x01\n\x15ResolveTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12,\n\trelevance\x18\x04 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x1a\n\rbudget_tokens\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05\x66loor\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04\x62\x65ta\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x13\n\x06margin\x18\x08 \x01(\x01H\x03\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x08\n\x06_floorB\x07\n\x05_betaB\t\n\x07_margin\"H\n\x16ResolveTalentsResponse\x12.\n\tselection\x18\x01 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection\";\n\x16\x44iagnoseProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\"^\n\x17\x44iagnoseProjectResponse\x12.\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x1c.satchel.v1.DiagnosisFinding\x12\x13\n\x0broles_known\x18\x02 \x03(\t*f\n\rRelevanceMode\x12\x1e\n\x1aRELEVANCE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12RELEVANCE_MODE_OFF\x10\x01\x12\x1d\n\x19RELEVANCE_MODE_EMBEDDINGS\x10\x02\x32\xcf\x03\n\rTalentService\x12Q\n\x0cUpsertTalent\x12\x1f.satchel.v1.UpsertTalentRequest\x1a .satchel.v1.UpsertTalentResponse\x12N\n\x0bListTalents\x12\x1e.satchel.v1.ListTalentsRequest\x1a\x1f.satchel.v1.ListTalentsResponse\x12\x66\n\x13SetTalentActivation\x12&.satchel.v1.SetTalentActivationRequest\x1a\'.satchel.v1.SetTalentActivationResponse\x12W\n\x0eResolveTalents\x12!.satchel.v1.ResolveTalentsRequest\x1a\".satchel.v1.ResolveTalentsResponse\x12Z\n\x0f\x44iagnoseProject\x12\".satchel.v1.DiagnoseProjectRequest\x1a#.satchel.v1.DiagnoseProjectResponseBQ\n\x0e\x64\x65v.satchel.v1B\x0bTalentProtoP\x01Z#satchel.dev/go/satchel/v1;satchelv1\xaa\x02\nSatchel.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/talent.proto\x12\nsatchel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfc\x01\n\x06Talent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x10\n\x08triggers\x18\x06 \x03(\t\x12\x12\n\ntask_types\x18\x07 \x03(\t\x12\r\n\x05roles\x18\x08 \x03(\t\x12\x10\n\x08requires\x18\t \x03(\t\x12\x10\n\x08includes\x18\n \x03(\t\x12\x12\n\nrecommends\x18\x0b \x03(\t\x12.\n\nupdated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06pinned\x18\r \x01(\x08\"\xaf\x01\n\x0eSelectedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nsimilarity\x18\x04 \x01(\x01\x12\x11\n\tstem_hits\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xaf\x01\n\x0e\x45xcludedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\x12\x11\n\tstem_hits\x18\x06 \x01(\x05\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xb9\x02\n\x0fTalentSelection\x12,\n\x08selected\x18\x01 \x03(\x0b\x32\x1a.satchel.v1.SelectedTalent\x12,\n\x08\x65xcluded\x18\x02 \x03(\x0b\x32\x1a.satchel.v1.ExcludedTalent\x12\x15\n\rout_of_domain\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x10\n\x08\x63ompiled\x18\x05 \x01(\t\x12\x17\n\x0ftokens_selected\x18\x06 \x01(\x05\x12\x19\n\x11tokens_candidates\x18\x07 \x01(\x05\x12,\n\trelevance\x18\x08 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x31\n\x06params\x18\t \x01(\x0b\x32!.satchel.v1.TalentSelectionParams\"\x95\x01\n\x15TalentSelectionParams\x12\r\n\x05\x66loor\x18\x01 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x01\x12\x0e\n\x06margin\x18\x03 \x01(\x01\x12\x15\n\rbudget_tokens\x18\x04 \x01(\x05\x12\x0f\n\x07scoring\x18\x05 \x01(\t\x12\x13\n\x0btext_weight\x18\x06 \x01(\x01\x12\x12\n\nmax_served\x18\x07 \x01(\x05\"C\n\x10\x44iagnosisFinding\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"9\n\x13UpsertTalentRequest\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\"K\n\x14UpsertTalentResponse\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"d\n\x12ListTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"n\n\x13ListTalentsResponse\x12#\n\x07talents\x18\x01 \x03(\x0b\x32\x12.satchel.v1.Talent\x12\x19\n\x11\x61\x63tive_talent_ids\x18\x02 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"S\n\x1aSetTalentActivationRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"T\n\x1bSetTalentActivationResponse\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"\xa5\x02\n\x15ResolveTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12,\n\trelevance\x18\x04 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x1a\n\rbudget_tokens\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05\x66loor\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04\x62\x65ta\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x13\n\x06margin\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12\x17\n\nmax_served\x18\t \x01(\x05H\x04\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x08\n\x06_floorB\x07\n\x05_betaB\t\n\x07_marginB\r\n\x0b_max_served\"H\n\x16ResolveTalentsResponse\x12.\n\tselection\x18\x01 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection\";\n\x16\x44iagnoseProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\"^\n\x17\x44iagnoseProjectResponse\x12.\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x1c.satchel.v1.DiagnosisFinding\x12\x13\n\x0broles_known\x18\x02 \x03(\t*f\n\rRelevanceMode\x12\x1e\n\x1aRELEVANCE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12RELEVANCE_MODE_OFF\x10\x01\x12\x1d\n\x19RELEVANCE_MODE_EMBEDDINGS\x10\x02\x32\xcf\x03\n\rTalentService\x12Q\n\x0cUpsertTalent\x12\x1f.satchel.v1.UpsertTalentRequest\x1a .satchel.v1.UpsertTalentResponse\x12N\n\x0bListTalents\x12\x1e.satchel.v1.ListTalentsRequest\x1a\x1f.satchel.v1.ListTalentsResponse\x12\x66\n\x13SetTalentActivation\x12&.satchel.v1.SetTalentActivationRequest\x1a\'.satchel.v1.SetTalentActivationResponse\x12W\n\x0eResolveTalents\x12!.satchel.v1.ResolveTalentsRequest\x1a\".satchel.v1.ResolveTalentsResponse\x12Z\n\x0f\x44iagnoseProject\x12\".satchel.v1.DiagnoseProjectRequest\x1a#.satchel.v1.DiagnoseProjectResponseBQ\n\x0e\x64\x65v.satchel.v1B\x0bTalentProtoP\x01Z#satchel.dev/go/satchel/v1;satchelv1\xaa\x02\nSatchel.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,40 +33,40 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'satchel.v1.talent_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016dev.satchel.v1B\013TalentProtoP\001Z#satchel.dev/go/satchel/v1;satchelv1\252\002\nSatchel.V1'
-  _globals['_RELEVANCEMODE']._serialized_start=2131
-  _globals['_RELEVANCEMODE']._serialized_end=2233
+  _globals['_RELEVANCEMODE']._serialized_start=2268
+  _globals['_RELEVANCEMODE']._serialized_end=2370
   _globals['_TALENT']._serialized_start=73
   _globals['_TALENT']._serialized_end=325
   _globals['_SELECTEDTALENT']._serialized_start=328
-  _globals['_SELECTEDTALENT']._serialized_end=484
-  _globals['_EXCLUDEDTALENT']._serialized_start=487
-  _globals['_EXCLUDEDTALENT']._serialized_end=643
-  _globals['_TALENTSELECTION']._serialized_start=646
-  _globals['_TALENTSELECTION']._serialized_end=959
-  _globals['_TALENTSELECTIONPARAMS']._serialized_start=961
-  _globals['_TALENTSELECTIONPARAMS']._serialized_end=1052
-  _globals['_DIAGNOSISFINDING']._serialized_start=1054
-  _globals['_DIAGNOSISFINDING']._serialized_end=1121
-  _globals['_UPSERTTALENTREQUEST']._serialized_start=1123
-  _globals['_UPSERTTALENTREQUEST']._serialized_end=1180
-  _globals['_UPSERTTALENTRESPONSE']._serialized_start=1182
-  _globals['_UPSERTTALENTRESPONSE']._serialized_end=1257
-  _globals['_LISTTALENTSREQUEST']._serialized_start=1259
-  _globals['_LISTTALENTSREQUEST']._serialized_end=1359
-  _globals['_LISTTALENTSRESPONSE']._serialized_start=1361
-  _globals['_LISTTALENTSRESPONSE']._serialized_end=1471
-  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_start=1473
-  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_end=1556
-  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_start=1558
-  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_end=1642
-  _globals['_RESOLVETALENTSREQUEST']._serialized_start=1645
-  _globals['_RESOLVETALENTSREQUEST']._serialized_end=1898
-  _globals['_RESOLVETALENTSRESPONSE']._serialized_start=1900
-  _globals['_RESOLVETALENTSRESPONSE']._serialized_end=1972
-  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_start=1974
-  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_end=2033
-  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_start=2035
-  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_end=2129
-  _globals['_TALENTSERVICE']._serialized_start=2236
-  _globals['_TALENTSERVICE']._serialized_end=2699
+  _globals['_SELECTEDTALENT']._serialized_end=503
+  _globals['_EXCLUDEDTALENT']._serialized_start=506
+  _globals['_EXCLUDEDTALENT']._serialized_end=681
+  _globals['_TALENTSELECTION']._serialized_start=684
+  _globals['_TALENTSELECTION']._serialized_end=997
+  _globals['_TALENTSELECTIONPARAMS']._serialized_start=1000
+  _globals['_TALENTSELECTIONPARAMS']._serialized_end=1149
+  _globals['_DIAGNOSISFINDING']._serialized_start=1151
+  _globals['_DIAGNOSISFINDING']._serialized_end=1218
+  _globals['_UPSERTTALENTREQUEST']._serialized_start=1220
+  _globals['_UPSERTTALENTREQUEST']._serialized_end=1277
+  _globals['_UPSERTTALENTRESPONSE']._serialized_start=1279
+  _globals['_UPSERTTALENTRESPONSE']._serialized_end=1354
+  _globals['_LISTTALENTSREQUEST']._serialized_start=1356
+  _globals['_LISTTALENTSREQUEST']._serialized_end=1456
+  _globals['_LISTTALENTSRESPONSE']._serialized_start=1458
+  _globals['_LISTTALENTSRESPONSE']._serialized_end=1568
+  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_start=1570
+  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_end=1653
+  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_start=1655
+  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_end=1739
+  _globals['_RESOLVETALENTSREQUEST']._serialized_start=1742
+  _globals['_RESOLVETALENTSREQUEST']._serialized_end=2035
+  _globals['_RESOLVETALENTSRESPONSE']._serialized_start=2037
+  _globals['_RESOLVETALENTSRESPONSE']._serialized_end=2109
+  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_start=2111
+  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_end=2170
+  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_start=2172
+  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_end=2266
+  _globals['_TALENTSERVICE']._serialized_start=2373
+  _globals['_TALENTSERVICE']._serialized_end=2836
 # @@protoc_insertion_point(module_scope)

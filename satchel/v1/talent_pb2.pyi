@@ -50,7 +50,7 @@ class Talent(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class SelectedTalent(_message.Message):
-    __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens", "required_by")
+    __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens", "required_by", "text_rank")
     TALENT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class SelectedTalent(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_RANK_FIELD_NUMBER: _ClassVar[int]
     talent_id: str
     name: str
     score: float
@@ -67,10 +68,11 @@ class SelectedTalent(_message.Message):
     reason: str
     tokens: int
     required_by: str
-    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., reason: _Optional[str] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ...) -> None: ...
+    text_rank: float
+    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., score: _Optional[float] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., reason: _Optional[str] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ..., text_rank: _Optional[float] = ...) -> None: ...
 
 class ExcludedTalent(_message.Message):
-    __slots__ = ("talent_id", "reason", "score", "name", "similarity", "stem_hits", "tokens", "required_by")
+    __slots__ = ("talent_id", "reason", "score", "name", "similarity", "stem_hits", "tokens", "required_by", "text_rank")
     TALENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +81,7 @@ class ExcludedTalent(_message.Message):
     STEM_HITS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_RANK_FIELD_NUMBER: _ClassVar[int]
     talent_id: str
     reason: str
     score: float
@@ -87,7 +90,8 @@ class ExcludedTalent(_message.Message):
     stem_hits: int
     tokens: int
     required_by: str
-    def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ..., name: _Optional[str] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ...) -> None: ...
+    text_rank: float
+    def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ..., name: _Optional[str] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ..., text_rank: _Optional[float] = ...) -> None: ...
 
 class TalentSelection(_message.Message):
     __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance", "params")
@@ -112,16 +116,22 @@ class TalentSelection(_message.Message):
     def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., params: _Optional[_Union[TalentSelectionParams, _Mapping]] = ...) -> None: ...
 
 class TalentSelectionParams(_message.Message):
-    __slots__ = ("floor", "beta", "margin", "budget_tokens")
+    __slots__ = ("floor", "beta", "margin", "budget_tokens", "scoring", "text_weight", "max_served")
     FLOOR_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
     MARGIN_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCORING_FIELD_NUMBER: _ClassVar[int]
+    TEXT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_SERVED_FIELD_NUMBER: _ClassVar[int]
     floor: float
     beta: float
     margin: float
     budget_tokens: int
-    def __init__(self, floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ..., budget_tokens: _Optional[int] = ...) -> None: ...
+    scoring: str
+    text_weight: float
+    max_served: int
+    def __init__(self, floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ..., budget_tokens: _Optional[int] = ..., scoring: _Optional[str] = ..., text_weight: _Optional[float] = ..., max_served: _Optional[int] = ...) -> None: ...
 
 class DiagnosisFinding(_message.Message):
     __slots__ = ("code", "talent_id", "detail")
@@ -190,7 +200,7 @@ class SetTalentActivationResponse(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class ResolveTalentsRequest(_message.Message):
-    __slots__ = ("project_id", "role", "task", "relevance", "budget_tokens", "floor", "beta", "margin")
+    __slots__ = ("project_id", "role", "task", "relevance", "budget_tokens", "floor", "beta", "margin", "max_served")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +209,7 @@ class ResolveTalentsRequest(_message.Message):
     FLOOR_FIELD_NUMBER: _ClassVar[int]
     BETA_FIELD_NUMBER: _ClassVar[int]
     MARGIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_SERVED_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     role: str
     task: str
@@ -207,7 +218,8 @@ class ResolveTalentsRequest(_message.Message):
     floor: float
     beta: float
     margin: float
-    def __init__(self, project_id: _Optional[str] = ..., role: _Optional[str] = ..., task: _Optional[str] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., budget_tokens: _Optional[int] = ..., floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ...) -> None: ...
+    max_served: int
+    def __init__(self, project_id: _Optional[str] = ..., role: _Optional[str] = ..., task: _Optional[str] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., budget_tokens: _Optional[int] = ..., floor: _Optional[float] = ..., beta: _Optional[float] = ..., margin: _Optional[float] = ..., max_served: _Optional[int] = ...) -> None: ...
 
 class ResolveTalentsResponse(_message.Message):
     __slots__ = ("selection",)

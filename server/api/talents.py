@@ -36,6 +36,7 @@ from satchel.v1 import talent_pb2, talent_pb2_grpc
 MAX_BODY_CHARS = 200_000
 MAX_LIST_ITEMS = 100
 MAX_PARAM = 10.0
+MAX_SERVED = 1000
 
 
 def _check_list(violations: Violations, field: str, values: list[str], *, ids: bool) -> None:
@@ -126,6 +127,7 @@ def _selected(talent: ResolvedTalent) -> talent_pb2.SelectedTalent:
         reason=talent.reason,
         tokens=talent.tokens,
         required_by=talent.required_by,
+        text_rank=talent.text_rank,
     )
 
 
@@ -139,6 +141,7 @@ def _excluded(talent: ResolvedTalent) -> talent_pb2.ExcludedTalent:
         stem_hits=talent.stem_hits,
         tokens=talent.tokens,
         required_by=talent.required_by,
+        text_rank=talent.text_rank,
     )
 
 
@@ -163,6 +166,9 @@ def selection_message(resolution: Resolution) -> talent_pb2.TalentSelection:
             beta=params.beta,
             margin=params.margin,
             budget_tokens=params.budget_tokens,
+            scoring=str(params.scoring),
+            text_weight=params.text_weight,
+            max_served=params.max_served,
         ),
     )
 
@@ -268,12 +274,15 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
             _check_param(violations, "beta", request.beta, 0.0, MAX_PARAM)
         if request.HasField("margin"):
             _check_param(violations, "margin", request.margin, 0.0, MAX_PARAM)
+        if request.HasField("max_served") and not 0 <= request.max_served <= MAX_SERVED:
+            violations.add("max_served", f"must be in [0, {MAX_SERVED}]")
         violations.raise_if_any()
         params = service.params(
             floor=request.floor if request.HasField("floor") else None,
             beta=request.beta if request.HasField("beta") else None,
             margin=request.margin if request.HasField("margin") else None,
             budget_tokens=request.budget_tokens if request.HasField("budget_tokens") else None,
+            max_served=request.max_served if request.HasField("max_served") else None,
         )
         resolution = await service.resolve(
             request.project_id, request.role, request.task, relevance=relevance, params=params

@@ -256,7 +256,7 @@ def selection_table(
         min_width=min(len(title), width),  # a long task would wrap the title
     )
     wide = width >= NARROW_WIDTH
-    parts = ("sim", "hits") if wide else ()
+    parts = ("sim", "hits", "text") if wide else ()
     table.add_column("talent", no_wrap=wide, overflow="fold")  # ids whole when there is room
     table.add_column("outcome", no_wrap=True)
     for name in ("score", *parts, "tok"):
@@ -265,7 +265,7 @@ def selection_table(
     rows = [(t, "selected", "green") for t in selection.selected]
     rows += [(t, "excluded", "yellow") for t in selection.excluded]
     for t, outcome, style in rows:
-        details = (f"{t.similarity:+.3f}", str(t.stem_hits))[: len(parts)]
+        details = (f"{t.similarity:+.3f}", str(t.stem_hits), f"{t.text_rank:.2f}")[: len(parts)]
         table.add_row(
             t.talent_id,
             Text(outcome, style=style),

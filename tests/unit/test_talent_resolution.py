@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,17 +11,20 @@ import pytest
 from satchel.server.config import ConfigError, Settings, TalentSettings
 from satchel.server.domain.talent_selection import (
     CentredSpace,
+    Scoring,
     SelectionParams,
     centred_similarities,
 )
 from satchel.server.embedding.fake import FakeEmbedder
 from satchel.server.storage.talents import TalentRecord
 from satchel.server.talents import (
+    HYBRID_MODEL_DEFAULTS,
     MODEL_DEFAULTS,
     OUT_OF_DOMAIN_TEXT,
     SEED_DEFAULTS,
     TalentService,
     default_params,
+    default_scoring,
     graph_node,
     is_candidate,
     model_defaults,
@@ -176,8 +180,24 @@ def test_server_settings_reach_the_service() -> None:
     assert service.default_relevance()
     assert service.configured_roles == ("backend", "reviewer")
     floor, beta, _ = SEED_DEFAULTS  # the fake model has no calibrated values
-    assert service.defaults == SelectionParams(floor, beta, 0.4, 500)
-    assert service.params(floor=0.3, budget_tokens=7) == SelectionParams(0.3, beta, 0.4, 7)
+    # A model without hybrid calibration is served the seed's scoring, capped at 5.
+    defaults = SelectionParams(floor, beta, 0.4, 500, Scoring.SEED, max_served=5)
+    assert service.defaults == defaults
+    assert service.params(floor=0.3, budget_tokens=7, max_served=2) == replace(
+        defaults, floor=0.3, budget_tokens=7, max_served=2
+    )
+    seed = Settings.from_env({"SATCHEL_TALENT_SCORING": "seed", "SATCHEL_TALENT_MAX_SERVED": "0"})
+    assert default_params(seed.talents, "any-model") == SelectionParams(*SEED_DEFAULTS)
+
+
+def test_the_bundled_model_is_served_hybrid_scoring_unless_configured_otherwise() -> None:
+    minilm = "all-MiniLM-L6-v2-onnx-qint8"
+    auto = default_params(TalentSettings(), minilm)
+    assert auto.scoring == Scoring.HYBRID and auto.max_served == 5
+    assert (auto.floor, auto.beta, auto.margin) == HYBRID_MODEL_DEFAULTS["all-minilm-l6-v2"]
+    seed = default_params(TalentSettings(scoring="seed", max_served=0), minilm)
+    assert seed == SelectionParams(*MODEL_DEFAULTS["all-minilm-l6-v2"])
+    assert default_scoring("intfloat/multilingual-e5-small") == Scoring.SEED
     assert not TalentService(
         SimpleNamespace(settings=Settings.from_env({}), embedder=FakeEmbedder())  # type: ignore[arg-type]
     ).default_relevance()
@@ -191,6 +211,9 @@ def test_server_settings_reach_the_service() -> None:
         ("SATCHEL_TALENT_MARGIN", "nan"),
         ("SATCHEL_TALENT_FLOOR", "2"),
         ("SATCHEL_TALENT_FLOOR", "high"),
+        ("SATCHEL_TALENT_SCORING", "fuzzy"),
+        ("SATCHEL_TALENT_TEXT_WEIGHT", "-1"),
+        ("SATCHEL_TALENT_MAX_SERVED", "-3"),
         ("SATCHEL_TALENT_BUDGET_TOKENS", "0"),
     ],
 )

@@ -115,11 +115,14 @@ export interface SelectedTalent {
   /** The talent's name. */
   name: string;
   /**
-   * The score the talent was ranked by: with relevance on, centred similarity + beta x stem
-   * hits; a pinned talent is never scored.
+   * The score the talent was ranked by, with relevance on: similarity + beta x stem hits
+   * (+ text_weight x text_rank in hybrid scoring); a pinned talent is never scored.
    */
   score: number;
-  /** The centred cosine similarity between the task and the talent. */
+  /**
+   * The cosine similarity between the task and the talent: centred in the seed's scoring,
+   * plain in hybrid scoring (see TalentSelectionParams.scoring).
+   */
   similarity: number;
   /** How many stems of the task the talent's tags, triggers and task types share. */
   stemHits: number;
@@ -129,19 +132,24 @@ export interface SelectedTalent {
   tokens: number;
   /** With requires_closure: the selected talent whose requires/includes pulled this one in. */
   requiredBy: string;
+  /**
+   * Hybrid scoring: the task's BM25 over this talent's text divided by the best candidate's,
+   * in [0, 1]; 0 in the seed's scoring.
+   */
+  textRank: number;
 }
 
 /** ExcludedTalent is a candidate the agent does not receive, with why. */
 export interface ExcludedTalent {
   /** The talent's id. */
   talentId: string;
-  /** below_margin | over_budget | non_positive | out_of_domain | not_active. */
+  /** below_margin | over_max_served | over_budget | non_positive | out_of_domain | not_active. */
   reason: string;
   /** The relevance score, as in SelectedTalent. */
   score: number;
   /** The talent's name. */
   name: string;
-  /** The centred cosine similarity between the task and the talent. */
+  /** The cosine similarity between the task and the talent, as in SelectedTalent. */
   similarity: number;
   /** How many stems of the task the talent shares. */
   stemHits: number;
@@ -149,6 +157,8 @@ export interface ExcludedTalent {
   tokens: number;
   /** With not_active: the selected talent that requires/includes this inactive one. */
   requiredBy: string;
+  /** The lexical rank, as in SelectedTalent. */
+  textRank: number;
 }
 
 /** TalentSelection is the outcome of ResolveTalents. */
@@ -193,6 +203,19 @@ export interface TalentSelectionParams {
   margin: number;
   /** The token budget of the selection, pinned talents first. */
   budgetTokens: number;
+  /**
+   * How talents are scored: "hybrid" (plain cosine + beta x stem hits + text_weight x the
+   * lexical rank) or "seed" (centred cosine + beta x stem hits). Set by the server
+   * (SATCHEL_TALENT_SCORING).
+   */
+  scoring: string;
+  /** The weight of the lexical rank in hybrid scoring (SATCHEL_TALENT_TEXT_WEIGHT). */
+  textWeight: number;
+  /**
+   * At most this many talents are kept by relevance, the next ones within the margin are
+   * excluded over_max_served; 0: no cap. Pinned talents and the closure are not counted.
+   */
+  maxServed: number;
 }
 
 /** DiagnosisFinding is one problem the doctor found. */
@@ -307,7 +330,11 @@ export interface ResolveTalentsRequest {
     | number
     | undefined;
   /** Overrides TalentSelectionParams.margin; in [0, 10]. */
-  margin?: number | undefined;
+  margin?:
+    | number
+    | undefined;
+  /** Overrides TalentSelectionParams.max_served; in [0, 1000] (0: no cap). */
+  maxServed?: number | undefined;
 }
 
 /** ResolveTalentsResponse is the selection. */
@@ -621,7 +648,17 @@ export const Talent: MessageFns<Talent> = {
 };
 
 function createBaseSelectedTalent(): SelectedTalent {
-  return { talentId: "", name: "", score: 0, similarity: 0, stemHits: 0, reason: "", tokens: 0, requiredBy: "" };
+  return {
+    talentId: "",
+    name: "",
+    score: 0,
+    similarity: 0,
+    stemHits: 0,
+    reason: "",
+    tokens: 0,
+    requiredBy: "",
+    textRank: 0,
+  };
 }
 
 export const SelectedTalent: MessageFns<SelectedTalent> = {
@@ -649,6 +686,9 @@ export const SelectedTalent: MessageFns<SelectedTalent> = {
     }
     if (message.requiredBy !== "") {
       writer.uint32(66).string(message.requiredBy);
+    }
+    if (message.textRank !== 0) {
+      writer.uint32(73).double(message.textRank);
     }
     return writer;
   },
@@ -730,6 +770,14 @@ export const SelectedTalent: MessageFns<SelectedTalent> = {
             message.requiredBy = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 73) {
+              break;
+            }
+
+            message.textRank = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -764,6 +812,11 @@ export const SelectedTalent: MessageFns<SelectedTalent> = {
         : isSet(object.required_by)
         ? globalThis.String(object.required_by)
         : "",
+      textRank: isSet(object.textRank)
+        ? globalThis.Number(object.textRank)
+        : isSet(object.text_rank)
+        ? globalThis.Number(object.text_rank)
+        : 0,
     };
   },
 
@@ -793,6 +846,9 @@ export const SelectedTalent: MessageFns<SelectedTalent> = {
     if (message.requiredBy !== "") {
       obj.requiredBy = message.requiredBy;
     }
+    if (message.textRank !== 0) {
+      obj.textRank = floatToJson(message.textRank);
+    }
     return obj;
   },
 
@@ -809,12 +865,23 @@ export const SelectedTalent: MessageFns<SelectedTalent> = {
     message.reason = object.reason ?? "";
     message.tokens = object.tokens ?? 0;
     message.requiredBy = object.requiredBy ?? "";
+    message.textRank = object.textRank ?? 0;
     return message;
   },
 };
 
 function createBaseExcludedTalent(): ExcludedTalent {
-  return { talentId: "", reason: "", score: 0, name: "", similarity: 0, stemHits: 0, tokens: 0, requiredBy: "" };
+  return {
+    talentId: "",
+    reason: "",
+    score: 0,
+    name: "",
+    similarity: 0,
+    stemHits: 0,
+    tokens: 0,
+    requiredBy: "",
+    textRank: 0,
+  };
 }
 
 export const ExcludedTalent: MessageFns<ExcludedTalent> = {
@@ -842,6 +909,9 @@ export const ExcludedTalent: MessageFns<ExcludedTalent> = {
     }
     if (message.requiredBy !== "") {
       writer.uint32(66).string(message.requiredBy);
+    }
+    if (message.textRank !== 0) {
+      writer.uint32(73).double(message.textRank);
     }
     return writer;
   },
@@ -923,6 +993,14 @@ export const ExcludedTalent: MessageFns<ExcludedTalent> = {
             message.requiredBy = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 73) {
+              break;
+            }
+
+            message.textRank = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -957,6 +1035,11 @@ export const ExcludedTalent: MessageFns<ExcludedTalent> = {
         : isSet(object.required_by)
         ? globalThis.String(object.required_by)
         : "",
+      textRank: isSet(object.textRank)
+        ? globalThis.Number(object.textRank)
+        : isSet(object.text_rank)
+        ? globalThis.Number(object.text_rank)
+        : 0,
     };
   },
 
@@ -986,6 +1069,9 @@ export const ExcludedTalent: MessageFns<ExcludedTalent> = {
     if (message.requiredBy !== "") {
       obj.requiredBy = message.requiredBy;
     }
+    if (message.textRank !== 0) {
+      obj.textRank = floatToJson(message.textRank);
+    }
     return obj;
   },
 
@@ -1002,6 +1088,7 @@ export const ExcludedTalent: MessageFns<ExcludedTalent> = {
     message.stemHits = object.stemHits ?? 0;
     message.tokens = object.tokens ?? 0;
     message.requiredBy = object.requiredBy ?? "";
+    message.textRank = object.textRank ?? 0;
     return message;
   },
 };
@@ -1232,7 +1319,7 @@ export const TalentSelection: MessageFns<TalentSelection> = {
 };
 
 function createBaseTalentSelectionParams(): TalentSelectionParams {
-  return { floor: 0, beta: 0, margin: 0, budgetTokens: 0 };
+  return { floor: 0, beta: 0, margin: 0, budgetTokens: 0, scoring: "", textWeight: 0, maxServed: 0 };
 }
 
 export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
@@ -1248,6 +1335,15 @@ export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
     }
     if (message.budgetTokens !== 0) {
       writer.uint32(32).int32(message.budgetTokens);
+    }
+    if (message.scoring !== "") {
+      writer.uint32(42).string(message.scoring);
+    }
+    if (message.textWeight !== 0) {
+      writer.uint32(49).double(message.textWeight);
+    }
+    if (message.maxServed !== 0) {
+      writer.uint32(56).int32(message.maxServed);
     }
     return writer;
   },
@@ -1297,6 +1393,30 @@ export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
             message.budgetTokens = reader.int32();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.scoring = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.textWeight = reader.double();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.maxServed = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1319,6 +1439,17 @@ export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
         : isSet(object.budget_tokens)
         ? globalThis.Number(object.budget_tokens)
         : 0,
+      scoring: isSet(object.scoring) ? globalThis.String(object.scoring) : "",
+      textWeight: isSet(object.textWeight)
+        ? globalThis.Number(object.textWeight)
+        : isSet(object.text_weight)
+        ? globalThis.Number(object.text_weight)
+        : 0,
+      maxServed: isSet(object.maxServed)
+        ? globalThis.Number(object.maxServed)
+        : isSet(object.max_served)
+        ? globalThis.Number(object.max_served)
+        : 0,
     };
   },
 
@@ -1336,6 +1467,15 @@ export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
     if (message.budgetTokens !== 0) {
       obj.budgetTokens = Math.round(message.budgetTokens);
     }
+    if (message.scoring !== "") {
+      obj.scoring = message.scoring;
+    }
+    if (message.textWeight !== 0) {
+      obj.textWeight = floatToJson(message.textWeight);
+    }
+    if (message.maxServed !== 0) {
+      obj.maxServed = Math.round(message.maxServed);
+    }
     return obj;
   },
 
@@ -1348,6 +1488,9 @@ export const TalentSelectionParams: MessageFns<TalentSelectionParams> = {
     message.beta = object.beta ?? 0;
     message.margin = object.margin ?? 0;
     message.budgetTokens = object.budgetTokens ?? 0;
+    message.scoring = object.scoring ?? "";
+    message.textWeight = object.textWeight ?? 0;
+    message.maxServed = object.maxServed ?? 0;
     return message;
   },
 };
@@ -2083,6 +2226,7 @@ function createBaseResolveTalentsRequest(): ResolveTalentsRequest {
     floor: undefined,
     beta: undefined,
     margin: undefined,
+    maxServed: undefined,
   };
 }
 
@@ -2111,6 +2255,9 @@ export const ResolveTalentsRequest: MessageFns<ResolveTalentsRequest> = {
     }
     if (message.margin !== undefined) {
       writer.uint32(65).double(message.margin);
+    }
+    if (message.maxServed !== undefined) {
+      writer.uint32(72).int32(message.maxServed);
     }
     return writer;
   },
@@ -2192,6 +2339,14 @@ export const ResolveTalentsRequest: MessageFns<ResolveTalentsRequest> = {
             message.margin = reader.double();
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.maxServed = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2222,6 +2377,11 @@ export const ResolveTalentsRequest: MessageFns<ResolveTalentsRequest> = {
       floor: isSet(object.floor) ? globalThis.Number(object.floor) : undefined,
       beta: isSet(object.beta) ? globalThis.Number(object.beta) : undefined,
       margin: isSet(object.margin) ? globalThis.Number(object.margin) : undefined,
+      maxServed: isSet(object.maxServed)
+        ? globalThis.Number(object.maxServed)
+        : isSet(object.max_served)
+        ? globalThis.Number(object.max_served)
+        : undefined,
     };
   },
 
@@ -2251,6 +2411,9 @@ export const ResolveTalentsRequest: MessageFns<ResolveTalentsRequest> = {
     if (message.margin !== undefined) {
       obj.margin = floatToJson(message.margin);
     }
+    if (message.maxServed !== undefined) {
+      obj.maxServed = Math.round(message.maxServed);
+    }
     return obj;
   },
 
@@ -2267,6 +2430,7 @@ export const ResolveTalentsRequest: MessageFns<ResolveTalentsRequest> = {
     message.floor = object.floor ?? undefined;
     message.beta = object.beta ?? undefined;
     message.margin = object.margin ?? undefined;
+    message.maxServed = object.maxServed ?? undefined;
     return message;
   },
 };
