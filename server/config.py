@@ -132,7 +132,7 @@ class TalentSettings:
     (`satchel.server.talents.MODEL_DEFAULTS`, see benchmarks/talents.md). `roles` is a comma
     separated list of roles the doctor always knows. `scoring`: `hybrid` (cosine, stems and
     BM25 over the talents' texts, weighted `text_weight`), `seed` (the spec's centred
-    similarity and stems), or empty: hybrid for a model calibrated for it (the bundled one),
+    similarity and stems), or empty: hybrid for a model calibrated for it (MiniLM, mpnet),
     else seed. `max_served`: at most this many talents kept by relevance (0: no cap). The
     seed's exact behaviour: scoring=seed, max_served=0.
     """

@@ -69,6 +69,7 @@ MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
 # served with hybrid scoring by default, the others with the seed's.
 HYBRID_MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "all-minilm-l6-v2": (0.22, 0.12, 0.30),
+    "all-mpnet-base-v2": (0.22, 0.12, 0.30),
 }
 SEED_DEFAULTS: tuple[float, float, float] = (0.18, 0.12, 0.15)
 
