@@ -69,7 +69,7 @@ from satchel.server.domain.talent_selection import (
 from satchel.server.embedding import load_embedder
 from satchel.server.embedding.port import Embedder
 from satchel.server.storage.talents import TalentRecord
-from satchel.server.talents import default_params, resolve_selection, scorable
+from satchel.server.talents import Resolution, default_params, resolve_selection, scorable
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FLOORS = (0.10, 0.14, 0.18, 0.22, 0.26)
@@ -201,6 +201,18 @@ class Dataset:
     queries: list[Query]
     query_vectors: np.ndarray
     lexical: LexicalIndex
+
+    def resolve(self, query: Query, vector: np.ndarray, params: SelectionParams) -> Resolution:
+        """A query through `resolve_selection`, the function ResolveTalents calls."""
+        return resolve_selection(
+            self.candidates,
+            self.space,
+            vector,
+            query.task,
+            relevance=True,
+            params=params,
+            lexical=self.lexical,
+        )
 
     @functools.cached_property
     def baselines(self) -> dict[str, list[list[str]]]:
@@ -349,15 +361,7 @@ def evaluate(dataset: Dataset, params: SelectionParams) -> Row:
     """Run every query of a dataset through resolve_selection with these parameters."""
     recalls, hits, shares, served, gated_in, gated_off = [], [], [], [], [], []
     for query, vector in zip(dataset.queries, dataset.query_vectors, strict=True):
-        result = resolve_selection(
-            dataset.candidates,
-            dataset.space,
-            vector,
-            query.task,
-            relevance=True,
-            params=params,
-            lexical=dataset.lexical,
-        )
+        result = dataset.resolve(query, vector, params)
         kept = set(result.selected_ids)
         if query.gold:
             recalls.append(len(kept & query.gold) / len(query.gold))
@@ -466,15 +470,7 @@ def equal_count_row(d: Dataset, params: SelectionParams) -> EqualCount:
     tokens = {t.id: t.tokens for t in d.candidates}
     recall, bm25, cosine, served, gated, gated_off = [], [], [], [], [], []
     for i, (query, vector) in enumerate(zip(d.queries, d.query_vectors, strict=True)):
-        result = resolve_selection(
-            d.candidates,
-            d.space,
-            vector,
-            query.task,
-            relevance=True,
-            params=params,
-            lexical=d.lexical,
-        )
+        result = d.resolve(query, vector, params)
         if not query.gold:
             gated_off.append(result.out_of_domain)
             continue
@@ -577,17 +573,7 @@ def twins_table(
         outcomes = []
         for i in labelled:
             en, fr = (
-                set(
-                    resolve_selection(
-                        d.candidates,
-                        d.space,
-                        d.query_vectors[i],
-                        d.queries[i].task,
-                        relevance=True,
-                        params=params,
-                        lexical=d.lexical,
-                    ).selected_ids
-                )
+                set(d.resolve(d.queries[i], d.query_vectors[i], params).selected_ids)
                 for d in (dataset_en, dataset_fr)
             )
             gold = dataset_en.queries[i].gold

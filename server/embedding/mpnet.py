@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from satchel.server.config import ConfigError
-from satchel.server.embedding.quantization import quantize_int8
+from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
 
 MODEL_NAME = "sentence-transformers/all-mpnet-base-v2"
 MODEL_ID = "all-mpnet-base-v2-onnx-qint8"
@@ -57,7 +57,6 @@ _EPS = 1e-5
 _BUCKETS = 32
 _MAX_DISTANCE = 128
 _MAX_POSITIONS = 512  # 514 position rows, the first two reserved (padding offset)
-_OPSET = 17
 
 
 def part_files() -> list[Path]:
@@ -316,15 +315,7 @@ def write_float_graph(source: Path, out: Path) -> None:
         ],
         initializers,
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", _OPSET)],
-        producer_name="satchel",
-        doc_string="all-mpnet-base-v2 (Apache-2.0), written from its safetensors weights",
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out))
+    save_graph(graph, "all-mpnet-base-v2 (Apache-2.0), written from its safetensors weights", out)
 
 
 def quantize(float_graph: Path, out: Path) -> None:

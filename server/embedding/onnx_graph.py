@@ -1,10 +1,32 @@
-"""Dynamic int8 quantization of a float ONNX graph, shared by the models satchel derives."""
+"""Writing and quantizing the ONNX graphs of the models satchel derives (mpnet, e5)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
+
+OPSET = 17
+IR_VERSION = 8
+
+
+def save_graph(graph: onnx.GraphProto, doc_string: str, out: Path) -> None:
+    """Wrap `graph` in a model (opset OPSET, IR version IR_VERSION), check it, write it."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="satchel",
+        doc_string=doc_string,
+    )
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out))
 
 
 def quantize_int8(float_graph: Path, out: Path, **options: Any) -> None:
