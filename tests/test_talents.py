@@ -644,6 +644,7 @@ async def test_resolve_validates_the_request(channel: grpc.aio.Channel) -> None:
         floor=float("nan"),
         beta=-1.0,
         margin=-0.5,
+        max_served=-1,
     )
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await talents.ResolveTalents(request)
@@ -656,6 +657,7 @@ async def test_resolve_validates_the_request(channel: grpc.aio.Channel) -> None:
         "floor",
         "beta",
         "margin",
+        "max_served",
     }
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await talents.ResolveTalents(
