@@ -21,6 +21,7 @@ from satchel.server.config import ConfigError, Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.interceptors import ServiceInterceptor
 from satchel.server.probe import DatabaseProbe
+from satchel.server.retention import TraceRetention
 from satchel.server.runtime import Runtime, RuntimeRef
 from satchel.server.storage import keys as key_store
 from satchel.server.storage.embedded import EmbeddedPostgres
@@ -108,6 +109,8 @@ class SatchelServer:
         self.probe: DatabaseProbe | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        self.retention: TraceRetention | None = None
+        self._retention_task: asyncio.Task[None] | None = None
         self.postgres_restarts = 0
         self.keys = (
             KeyCache(self._lookup_key, settings.auth_cache_seconds)
@@ -161,6 +164,7 @@ class SatchelServer:
                 "metrics_listening", address=self.settings.metrics_listen, port=self.metrics_port
             )
         self.runtime.value = await self._prepare_runtime()
+        await self._start_retention()
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._start_probe()
         log.info("server_ready", embedding_model=self.runtime.value.embedder.model_id)
@@ -275,6 +279,19 @@ class SatchelServer:
         )
         self._probe_task = asyncio.create_task(self.probe.run(), name="database-probe")
 
+    async def _start_retention(self) -> None:
+        """The trace maintenance: a first run before serving, then on its schedule."""
+        runtime = self.runtime.value
+        if runtime is None:
+            return
+        self.retention = TraceRetention(
+            runtime.pool,
+            retention_days=self.settings.trace_retention_days,
+            interval=self.settings.trace_maintenance_seconds,
+        )
+        await self.retention.run_once()
+        self._retention_task = asyncio.create_task(self.retention.run(), name="trace-retention")
+
     async def _supervise_postgres(self) -> None:
         """While the database is down, start the embedded PostgreSQL again whenever its
         postmaster is not running (backoff 0.5 s doubling to 30 s after a failed start); the
@@ -308,11 +325,11 @@ class SatchelServer:
 
     async def stop(self) -> None:
         """Refuse new calls, let in-flight ones finish within the grace period, release all."""
-        for task in (self._probe_task, self._supervisor):
+        for task in (self._probe_task, self._supervisor, self._retention_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._probe_task = self._supervisor = None
+        self._probe_task = self._supervisor = self._retention_task = None
         await self.health.enter_graceful_shutdown()
         if self.runtime.value is not None and self.runtime.value.traces is not None:
             # Watch streams never end on their own: end them now (UNAVAILABLE, watch again

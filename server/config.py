@@ -187,6 +187,11 @@ class Settings:
     db_connect_timeout: int = 5
     db_statement_timeout_seconds: float = 60.0
     db_probe_seconds: float = 1.0
+    # Trace retention (README "Trace retention"): a call's trace is kept this many days, up to
+    # one more (whole days are dropped; 0: kept forever), by a maintenance run at start and
+    # then every `trace_maintenance_seconds` (one replica at a time).
+    trace_retention_days: int = 7
+    trace_maintenance_seconds: float = 3600.0
     log_level: str = "info"
     log_format: str = "json"
     # Prometheus metrics endpoint (host:port); empty: off.
@@ -296,6 +301,11 @@ class Settings:
                 "SATCHEL_DB_STATEMENT_TIMEOUT_SECONDS must not be negative",
             ),
             (self.db_probe_seconds > 0, "SATCHEL_DB_PROBE_SECONDS must be positive"),
+            (self.trace_retention_days >= 0, "SATCHEL_TRACE_RETENTION_DAYS must not be negative"),
+            (
+                self.trace_maintenance_seconds > 0,
+                "SATCHEL_TRACE_MAINTENANCE_SECONDS must be positive",
+            ),
             (
                 0 <= self.max_connection_age_seconds < 1e9,
                 "SATCHEL_MAX_CONNECTION_AGE_SECONDS must be in [0, 1e9) (0: never)",

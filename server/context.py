@@ -42,6 +42,7 @@ from satchel.server.domain.packing import (
     packet_status,
 )
 from satchel.server.domain.rendering import excerpt
+from satchel.server.domain.trace_ids import new_trace_id
 from satchel.server.domain.updates import newer_first
 from satchel.server.runtime import Runtime
 from satchel.server.storage import context as store
@@ -225,7 +226,7 @@ async def assemble(
     """Yield each packing decision as it is made (`PASS_END` after each pass), then the
     persisted call's Packet."""
     cfg = runtime.settings.context
-    trace_id = trace_id or uuid.uuid4()
+    trace_id = trace_id or new_trace_id()
     timer = _Timer()
     scope = store.Scope(
         request.project_id,

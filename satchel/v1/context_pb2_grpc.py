@@ -106,8 +106,12 @@ class ContextServiceServicer:
     def GetTrace(self, request, context):
         """GetTrace returns the persisted trace of an earlier context call of the project.
 
-        Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
-        when the project has no such trace (a trace of another project included).
+        Traces are kept SATCHEL_TRACE_RETENTION_DAYS days (7 by default, up to one day more:
+        whole days are dropped; 0 keeps them).
+
+        Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_EXPIRED)
+        when the call was made before the last day dropped by retention; NOT_FOUND (reason
+        TRACE_NOT_FOUND) when the project has no such trace (a trace of another project included).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

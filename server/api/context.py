@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,9 +20,11 @@ from satchel.server.api.validation import (
 from satchel.server.config import recall_floor
 from satchel.server.context import PREVIEW_CHARS, ContextRequest, Packet, PassEnd, assemble
 from satchel.server.domain import packing
+from satchel.server.domain.trace_ids import issued_at, new_trace_id
 from satchel.server.errors import InvalidArgument, NotFound, Unavailable, Violations
 from satchel.server.runtime import RuntimeRef
 from satchel.server.storage import context as store
+from satchel.server.storage import retention
 from satchel.v1 import context_pb2 as pb
 from satchel.v1 import context_pb2_grpc
 
@@ -193,7 +194,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         self, request: pb.AssembleContextRequest, context: grpc.aio.ServicerContext
     ) -> pb.AssembleContextResponse:
         call = self._request(request)
-        trace_id = uuid.uuid4()
+        trace_id = new_trace_id()
         structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
         async for item in assemble(self._runtime(), call, trace_id):
             if isinstance(item, Packet):
@@ -206,7 +207,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         self, request: pb.StreamContextRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamContextResponse]:
         call = self._request(request)
-        trace_id = uuid.uuid4()
+        trace_id = new_trace_id()
         structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
         items = assemble(self._runtime(), call, trace_id)
         async for message in stream_messages(
@@ -221,9 +222,19 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         check_id(violations, "project_id", request.project_id)
         trace_id = parse_uuid(violations, "trace_id", request.trace_id)
         violations.raise_if_any()
-        async with self._runtime().pool.connection() as conn:
+        runtime = self._runtime()
+        async with runtime.pool.connection() as conn:
             found = await store.load_trace(conn, request.project_id, trace_id)
+            horizon = None if found else await retention.expired_before(conn)
         if found is None:
+            made = issued_at(trace_id)
+            if made is not None and horizon is not None and made < horizon:
+                days = runtime.settings.trace_retention_days
+                raise NotFound(
+                    f"trace {request.trace_id} expired: traces are kept {days} to {days + 1}"
+                    " days (SATCHEL_TRACE_RETENTION_DAYS)",
+                    reason="TRACE_EXPIRED",
+                )
             raise NotFound(f"no trace {request.trace_id} in this project", reason="TRACE_NOT_FOUND")
         call, decisions = found
         return pb.GetTraceResponse(trace=trace_message(call, decisions))

@@ -12,6 +12,7 @@ point-in-time calls (`as_of`: valid then, as recorded then).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
@@ -28,6 +30,7 @@ from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, un
 from satchel.server.domain.text_query import MAX_QUERY_TERMS, TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
 from satchel.server.storage.pool import generic_plans, per_call_plans
+from satchel.server.storage.retention import maintain_traces
 from satchel.server.storage.statements import Statement, fetch_all
 
 MULTI_HOP_SCAN_LIMIT = 256
@@ -796,12 +799,12 @@ call AS (
         %(total_ms)s)
     -- WatchTraces across replicas: the call is announced on `satchel_traces`, delivered on
     -- commit (a data-modifying CTE runs to completion, even for a call without decisions).
-    RETURNING trace_id, pg_notify('satchel_traces', json_build_object(
+    RETURNING trace_id, created_at, pg_notify('satchel_traces', json_build_object(
         'project_id', project_id, 'subject_id', subject_id, 'trace_id', trace_id)::text)
 )
-INSERT INTO context_traces ({", ".join(TRACE_COLUMNS)})
-SELECT call.trace_id, d.* FROM call, {"" if durable else "relaxed, "}json_to_recordset(
-    %(decisions)s::json) AS d(
+INSERT INTO context_traces (created_at, {", ".join(TRACE_COLUMNS)})
+SELECT call.created_at, call.trace_id, d.*
+FROM call, {"" if durable else "relaxed, "}json_to_recordset(%(decisions)s::json) AS d(
     sequence int, candidate_id uuid, candidate_kind text, outcome text, reason_code text,
     score float8, similarity float8, text_rank float8, recency float8, tokens int,
     budget_used int, preview text
@@ -810,6 +813,8 @@ SELECT call.trace_id, d.* FROM call, {"" if durable else "relaxed, "}json_to_rec
 
 
 _SAVE_TRACE_SQL = {durable: _save_trace_sql(durable) for durable in (True, False)}
+# Tries of a trace whose day has no partition (each after making the missing ones).
+_PARTITION_ATTEMPTS = 4
 
 
 async def save_trace(
@@ -830,7 +835,22 @@ async def save_trace(
     names = TRACE_COLUMNS[1:]
     rows = [dict(zip(names, row, strict=True)) for row in decision_rows]
     params["decisions"] = orjson.dumps(rows).decode()
-    await conn.execute(_SAVE_TRACE_SQL[durable], params)
+    for attempt in range(_PARTITION_ATTEMPTS):
+        try:
+            await conn.execute(_SAVE_TRACE_SQL[durable], params)
+            return
+        except psycopg.errors.CheckViolation as exc:
+            if not _no_partition(exc) or attempt == _PARTITION_ATTEMPTS - 1:
+                raise
+        # No partition for today (maintenance could not run for days): make it, then save;
+        # another session may be making it (the maintenance lock is taken): wait for it.
+        if (await maintain_traces(conn, retention_days=0)).created == 0:
+            await asyncio.sleep(0.1 * (attempt + 1))
+
+
+def _no_partition(exc: psycopg.errors.CheckViolation) -> bool:
+    """The error of a row whose partition does not exist."""
+    return (exc.diag.message_primary or "").startswith("no partition of relation")
 
 
 async def load_trace(

@@ -70,6 +70,8 @@ def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str)
         ("SATCHEL_LOG_LEVEL", "loud", "SATCHEL_LOG_LEVEL is debug|info|warning|error|critical"),
         ("SATCHEL_DB_POOL_TIMEOUT", "nan", "SATCHEL_DB_POOL_TIMEOUT='nan' is not a valid finite"),
         ("SATCHEL_RECENCY_TAU_DAYS", "inf", "SATCHEL_RECENCY_TAU_DAYS='inf' is not a valid finite"),
+        ("SATCHEL_TRACE_RETENTION_DAYS", "-1", "SATCHEL_TRACE_RETENTION_DAYS must not be negative"),
+        ("SATCHEL_TRACE_MAINTENANCE_SECONDS", "0", "SATCHEL_TRACE_MAINTENANCE_SECONDS must be"),
     ],
 )
 def test_bad_values_stop_the_server_naming_the_variable(name: str, raw: str, message: str) -> None:

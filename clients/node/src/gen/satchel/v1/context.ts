@@ -473,7 +473,10 @@ export interface AssembleContextResponse {
   packet:
     | ContextPacket
     | undefined;
-  /** The id (a UUID) of the call's persisted trace, for GetTrace. */
+  /**
+   * The id of the call's persisted trace, for GetTrace: a UUID of version 7, whose first 48
+   * bits are the call's Unix time in milliseconds (earlier satchel versions made random ones).
+   */
   traceId: string;
 }
 
@@ -3262,8 +3265,12 @@ export const ContextServiceService = {
   /**
    * GetTrace returns the persisted trace of an earlier context call of the project.
    *
-   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
-   * when the project has no such trace (a trace of another project included).
+   * Traces are kept SATCHEL_TRACE_RETENTION_DAYS days (7 by default, up to one day more:
+   * whole days are dropped; 0 keeps them).
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_EXPIRED)
+   * when the call was made before the last day dropped by retention; NOT_FOUND (reason
+   * TRACE_NOT_FOUND) when the project has no such trace (a trace of another project included).
    */
   getTrace: {
     path: "/satchel.v1.ContextService/GetTrace" as const,
@@ -3331,8 +3338,12 @@ export interface ContextServiceServer extends UntypedServiceImplementation {
   /**
    * GetTrace returns the persisted trace of an earlier context call of the project.
    *
-   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
-   * when the project has no such trace (a trace of another project included).
+   * Traces are kept SATCHEL_TRACE_RETENTION_DAYS days (7 by default, up to one day more:
+   * whole days are dropped; 0 keeps them).
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_EXPIRED)
+   * when the call was made before the last day dropped by retention; NOT_FOUND (reason
+   * TRACE_NOT_FOUND) when the project has no such trace (a trace of another project included).
    */
   getTrace: handleUnaryCall<GetTraceRequest, GetTraceResponse>;
   /**
@@ -3396,8 +3407,12 @@ export interface ContextServiceClient extends Client {
   /**
    * GetTrace returns the persisted trace of an earlier context call of the project.
    *
-   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_NOT_FOUND)
-   * when the project has no such trace (a trace of another project included).
+   * Traces are kept SATCHEL_TRACE_RETENTION_DAYS days (7 by default, up to one day more:
+   * whole days are dropped; 0 keeps them).
+   *
+   * Errors: INVALID_ARGUMENT when `trace_id` is not a UUID; NOT_FOUND (reason TRACE_EXPIRED)
+   * when the call was made before the last day dropped by retention; NOT_FOUND (reason
+   * TRACE_NOT_FOUND) when the project has no such trace (a trace of another project included).
    */
   getTrace(
     request: GetTraceRequest,
