@@ -174,6 +174,7 @@ class AsyncSatchelClient:
         budget_tokens: int | None = None,
         as_of: datetime | None = None,
         max_distance: float | None = None,
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> context_pb2.AssembleContextResponse:
         """The context packet of a query and the id of its persisted trace."""
@@ -184,6 +185,7 @@ class AsyncSatchelClient:
             budget_tokens=budget_tokens,
             as_of=as_of,
             max_distance=max_distance,
+            min_consistency_token=min_consistency_token,
         )
         return await self._unary(
             self._context.AssembleContext, request, timeout, context_pb2.AssembleContextResponse
@@ -199,6 +201,7 @@ class AsyncSatchelClient:
         as_of: datetime | None = None,
         max_distance: float | None = None,
         max_decisions_per_message: int = 0,
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> AsyncStream[context_pb2.StreamContextResponse]:
         """The decisions as the budget is packed, then the packet (last): one decision a
@@ -211,6 +214,7 @@ class AsyncSatchelClient:
             as_of=as_of,
             max_distance=max_distance,
             max_decisions_per_message=max_decisions_per_message,
+            min_consistency_token=min_consistency_token,
         )
         call = self._context.StreamContext(
             request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
@@ -288,11 +292,17 @@ class AsyncSatchelClient:
         as_of: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListEventsResponse:
         """One page of the events of a scope, newest first."""
         request = rq.list_events(
-            project_id, subject_id, as_of=as_of, page_size=page_size, page_token=page_token
+            project_id,
+            subject_id,
+            as_of=as_of,
+            page_size=page_size,
+            page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return await self._unary(
             self._memory.ListEvents, request, timeout, memory_pb2.ListEventsResponse
@@ -427,6 +437,7 @@ class AsyncSatchelClient:
         include_inactive: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListFactsResponse:
         """One page of the facts of a scope, now or as they stood at `as_of`."""
@@ -437,6 +448,7 @@ class AsyncSatchelClient:
             include_inactive=include_inactive,
             page_size=page_size,
             page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return await self._unary(
             self._memory.ListFacts, request, timeout, memory_pb2.ListFactsResponse
@@ -508,6 +520,7 @@ class AsyncSatchelClient:
         include_resolved: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListConflictsResponse:
         """One page of the conflicts of a scope (open ones, or all with `include_resolved`),
@@ -518,6 +531,7 @@ class AsyncSatchelClient:
             include_resolved=include_resolved,
             page_size=page_size,
             page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return await self._unary(
             self._memory.ListConflicts, request, timeout, memory_pb2.ListConflictsResponse

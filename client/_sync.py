@@ -178,6 +178,7 @@ class SatchelClient:
         budget_tokens: int | None = None,
         as_of: datetime | None = None,
         max_distance: float | None = None,
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> context_pb2.AssembleContextResponse:
         """The context packet of a query and the id of its persisted trace."""
@@ -188,6 +189,7 @@ class SatchelClient:
             budget_tokens=budget_tokens,
             as_of=as_of,
             max_distance=max_distance,
+            min_consistency_token=min_consistency_token,
         )
         return self._unary(
             self._context.AssembleContext, request, timeout, context_pb2.AssembleContextResponse
@@ -203,6 +205,7 @@ class SatchelClient:
         as_of: datetime | None = None,
         max_distance: float | None = None,
         max_decisions_per_message: int = 0,
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> Stream[context_pb2.StreamContextResponse]:
         """The decisions as the budget is packed, then the packet (last): one decision a
@@ -215,6 +218,7 @@ class SatchelClient:
             as_of=as_of,
             max_distance=max_distance,
             max_decisions_per_message=max_decisions_per_message,
+            min_consistency_token=min_consistency_token,
         )
         call = self._context.StreamContext(
             request, timeout=self.timeout if timeout is None else timeout, metadata=self._metadata
@@ -288,11 +292,17 @@ class SatchelClient:
         as_of: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListEventsResponse:
         """One page of the events of a scope, newest first."""
         request = rq.list_events(
-            project_id, subject_id, as_of=as_of, page_size=page_size, page_token=page_token
+            project_id,
+            subject_id,
+            as_of=as_of,
+            page_size=page_size,
+            page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return self._unary(self._memory.ListEvents, request, timeout, memory_pb2.ListEventsResponse)
 
@@ -420,6 +430,7 @@ class SatchelClient:
         include_inactive: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListFactsResponse:
         """One page of the facts of a scope, now or as they stood at `as_of`."""
@@ -430,6 +441,7 @@ class SatchelClient:
             include_inactive=include_inactive,
             page_size=page_size,
             page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return self._unary(self._memory.ListFacts, request, timeout, memory_pb2.ListFactsResponse)
 
@@ -498,6 +510,7 @@ class SatchelClient:
         include_resolved: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        min_consistency_token: str = "",
         timeout: float | None = None,
     ) -> memory_pb2.ListConflictsResponse:
         """One page of the conflicts of a scope (open ones, or all with `include_resolved`),
@@ -508,6 +521,7 @@ class SatchelClient:
             include_resolved=include_resolved,
             page_size=page_size,
             page_token=page_token,
+            min_consistency_token=min_consistency_token,
         )
         return self._unary(
             self._memory.ListConflicts, request, timeout, memory_pb2.ListConflictsResponse

@@ -80,6 +80,7 @@ def assemble_context(
     budget_tokens: int | None = None,
     as_of: datetime | None = None,
     max_distance: float | None = None,
+    min_consistency_token: str = "",
 ) -> context_pb2.AssembleContextRequest:
     """An AssembleContextRequest (the server's default budget and relevance floor when
     `budget_tokens` and `max_distance` are None; `max_distance=0` turns the floor off)."""
@@ -90,6 +91,7 @@ def assemble_context(
         budget_tokens=budget_tokens,
         as_of=timestamp(as_of),
         max_distance=max_distance,
+        min_consistency_token=min_consistency_token,
     )
 
 
@@ -102,6 +104,7 @@ def stream_context(
     as_of: datetime | None = None,
     max_distance: float | None = None,
     max_decisions_per_message: int = 0,
+    min_consistency_token: str = "",
 ) -> context_pb2.StreamContextRequest:
     """A StreamContextRequest (AssembleContext's fields; `max_decisions_per_message` above 1
     has the decisions sent in batches, in `decisions`)."""
@@ -113,6 +116,7 @@ def stream_context(
         as_of=timestamp(as_of),
         max_distance=max_distance,
         max_decisions_per_message=max_decisions_per_message,
+        min_consistency_token=min_consistency_token,
     )
 
 
@@ -179,6 +183,7 @@ def list_facts(
     include_inactive: bool = False,
     page_size: int = 0,
     page_token: str = "",
+    min_consistency_token: str = "",
 ) -> memory_pb2.ListFactsRequest:
     """A ListFactsRequest (`page_size` 0: the server's default)."""
     return memory_pb2.ListFactsRequest(
@@ -188,6 +193,7 @@ def list_facts(
         include_inactive=include_inactive,
         page_size=page_size,
         page_token=page_token,
+        min_consistency_token=min_consistency_token,
     )
 
 
@@ -198,6 +204,7 @@ def list_events(
     as_of: datetime | None = None,
     page_size: int = 0,
     page_token: str = "",
+    min_consistency_token: str = "",
 ) -> memory_pb2.ListEventsRequest:
     """A ListEventsRequest (`page_size` 0: the server's default)."""
     return memory_pb2.ListEventsRequest(
@@ -206,6 +213,7 @@ def list_events(
         as_of=timestamp(as_of),
         page_size=page_size,
         page_token=page_token,
+        min_consistency_token=min_consistency_token,
     )
 
 
@@ -216,6 +224,7 @@ def list_conflicts(
     include_resolved: bool = False,
     page_size: int = 0,
     page_token: str = "",
+    min_consistency_token: str = "",
 ) -> memory_pb2.ListConflictsRequest:
     """A ListConflictsRequest (`page_size` 0: the server's default)."""
     return memory_pb2.ListConflictsRequest(
@@ -224,6 +233,7 @@ def list_conflicts(
         include_resolved=include_resolved,
         page_size=page_size,
         page_token=page_token,
+        min_consistency_token=min_consistency_token,
     )
 
 

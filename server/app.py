@@ -10,6 +10,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection as grpc_reflection
+from psycopg_pool import AsyncConnectionPool
 
 from satchel.server import reflection
 from satchel.server.admission import FairAdmission
@@ -21,6 +22,7 @@ from satchel.server.config import ConfigError, Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.interceptors import ServiceInterceptor
 from satchel.server.probe import DatabaseProbe
+from satchel.server.reads import ReadTarget
 from satchel.server.retention import TraceRetention
 from satchel.server.runtime import Runtime, RuntimeRef
 from satchel.server.storage import keys as key_store
@@ -204,6 +206,12 @@ class SatchelServer:
             for planned in (False, True)
         )
         await asyncio.gather(*(p.open(wait=True, timeout=30) for p in (pool, planned_pool)))
+        replicas = [
+            ReadTarget(f"replica {i}", *self._replica_pools(url))
+            for i, url in enumerate(settings.read_urls(), 1)
+        ]
+        for replica in replicas:  # a replica down at start is skipped until it answers
+            await asyncio.gather(replica.pool.open(wait=False), replica.planned.open(wait=False))
         traces = TraceHub(dsn, pool, queue_size=settings.context.watch_queue_traces)
         await traces.start()
         return Runtime(
@@ -214,7 +222,27 @@ class SatchelServer:
             telemetry=self.telemetry,
             traces=traces,
             page_secret=page_secret,
+            replicas=replicas,
         )
+
+    def _replica_pools(self, dsn: str) -> tuple[AsyncConnectionPool, AsyncConnectionPool]:
+        """A replica's two pools, like the primary's; a call waits at most 1 s for one of
+        their connections before the replica is left alone (`ReadRouter`)."""
+        settings = self.settings
+        main, planned = (
+            create_pool(
+                dsn,
+                min_size=1,
+                max_size=settings.db_pool_max,
+                ef_search=settings.hnsw_ef_search,
+                timeout=min(1.0, settings.db_pool_timeout),
+                connect_timeout=settings.db_connect_timeout,
+                statement_timeout=settings.db_statement_timeout_seconds,
+                planned=planned,
+            )
+            for planned in (False, True)
+        )
+        return main, planned
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         """Listen with TLS when SATCHEL_TLS_CERT/KEY are set (client certificates required
@@ -341,6 +369,7 @@ class SatchelServer:
         if runtime is not None:
             for pool in runtime.pools.values():
                 await pool.close()
+            await runtime.reads.close()
             runtime.executor.shutdown(wait=False, cancel_futures=True)
         # Stopped during startup: let the database finish starting, then stop it below.
         await asyncio.gather(*self._preparing, return_exceptions=True)

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 OTEL_MODES = ("off", "otlp", "console", "global")
 
@@ -153,6 +156,12 @@ class Settings:
     """Everything the server reads from its environment."""
 
     database_url: str | None = None
+    # Streaming replicas that context calls, lists and GetTrace read from, comma-separated DSNs
+    # (README "Read replicas"); writes and traces go to the primary. A read given a consistency
+    # token waits at most `read_replica_max_wait_seconds` for a replica that replayed it, then
+    # reads the primary.
+    database_read_urls: str = ""
+    read_replica_max_wait_seconds: float = 0.25
     # false: SATCHEL_DATABASE_URL is required, never the embedded PostgreSQL (the production
     # image sets it, and ships without the embedded server).
     embedded_database: bool = True
@@ -301,6 +310,10 @@ class Settings:
                 "SATCHEL_DB_STATEMENT_TIMEOUT_SECONDS must not be negative",
             ),
             (self.db_probe_seconds > 0, "SATCHEL_DB_PROBE_SECONDS must be positive"),
+            (
+                self.read_replica_max_wait_seconds >= 0,
+                "SATCHEL_READ_REPLICA_MAX_WAIT_SECONDS must not be negative",
+            ),
             (self.trace_retention_days >= 0, "SATCHEL_TRACE_RETENTION_DAYS must not be negative"),
             (
                 self.trace_maintenance_seconds > 0,
@@ -335,6 +348,17 @@ class Settings:
             raise ConfigError(
                 f"SATCHEL_EMBED_MODEL_PATH {self.embed_model_path} is not a directory"
             )
+        self.read_urls()
+
+    def read_urls(self) -> list[str]:
+        """The read replicas' DSNs (SATCHEL_DATABASE_READ_URLS), each checked as a DSN."""
+        urls = [url.strip() for url in self.database_read_urls.split(",") if url.strip()]
+        for url in urls:
+            try:
+                conninfo_to_dict(url)
+            except psycopg.ProgrammingError as exc:
+                raise ConfigError(f"SATCHEL_DATABASE_READ_URLS: {url!r} is not a DSN") from exc
+        return urls
 
     def require_embedded_database(self) -> None:
         """Raise ConfigError when no DSN is set and the embedded PostgreSQL is not allowed."""

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
@@ -44,6 +42,7 @@ from satchel.server.domain.packing import (
 from satchel.server.domain.rendering import excerpt
 from satchel.server.domain.trace_ids import new_trace_id
 from satchel.server.domain.updates import newer_first
+from satchel.server.reads import ReadTarget
 from satchel.server.runtime import Runtime
 from satchel.server.storage import context as store
 from satchel.server.storage.pool import autocommit
@@ -63,6 +62,8 @@ class ContextRequest:
     as_of: datetime | None = None
     # The relevance floor of this call (cosine distance; 0: off).
     max_distance: float = 0.0
+    # A write's consistency token this call must see (read replicas); empty: none.
+    min_consistency_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -234,24 +235,26 @@ async def assemble(
         at=request.as_of or datetime.now(UTC),
         historical=request.as_of is not None,
     )
-    planned = runtime.context_pool
+    reads = runtime.reads
 
-    async def fetch(
-        query: Any, *args: Any, source: AsyncConnectionPool = runtime.pool, **kwargs: Any
-    ) -> Any:
-        # A connection per query: none is held while decisions are streamed to the client.
-        async with autocommit(source) as conn:
-            return await query(conn, *args, **kwargs)
+    async def choose_and_plan() -> tuple[ReadTarget, store.QueryPlan]:
+        target = await reads.choose(request.min_consistency_token)
+        return target, await reads.run(target, store.plan_query, scope, request.query, cfg)
 
-    # The searched words and the scope's size need no vector: looked up while embedding. The
-    # embedding is handed to its thread first (awaited at once, not scheduled as a task).
-    planning = asyncio.ensure_future(fetch(store.plan_query, scope, request.query, cfg))
+    # Where to read, the searched words and the scope's size need no vector: found while
+    # embedding. The embedding is handed to its thread first (awaited at once, not scheduled
+    # as a task).
+    planning = asyncio.ensure_future(choose_and_plan())
     try:
         vector = await runtime.embed_query(request.query)
-        plan = await planning
+        target, plan = await planning
     finally:
         planning.cancel()
     mark = timer.add("embed", timer.started)
+
+    def fetch(query: Any, *args: Any) -> Any:
+        # A connection per query: none is held while decisions are streamed to the client.
+        return reads.run(target, query, *args, planned=True)
 
     packer = Packer(request.budget_tokens, max_distance=request.max_distance)
     skip = cfg.skip_served_episodes
@@ -259,9 +262,9 @@ async def assemble(
     # first (the SQL finds restatements in hybrid ranking only); seed: facts, multi-hop, then
     # episodes.
     hybrid = cfg.ranking == "hybrid"
-    facts = fetch(store.fetch_fact_candidates, scope, vector, cfg, plan, source=planned)
+    facts = fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
     facts_task = asyncio.ensure_future(facts)
-    episodes = fetch(store.fetch_episodes, scope, vector, cfg, plan, source=planned)
+    episodes = fetch(store.fetch_episodes, scope, vector, cfg, plan)
     episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess
@@ -275,9 +278,7 @@ async def assemble(
         def multi_hop(entities: list[str]) -> asyncio.Future[list[dict[str, Any]]]:
             seen = list(rows_by_id)
             hop = fetch(
-                store.fetch_multi_hop,
-                *(scope, vector, cfg, plan, entities, seen, text_full),
-                source=planned,
+                store.fetch_multi_hop, *(scope, vector, cfg, plan, entities, seen, text_full)
             )
             return asyncio.ensure_future(hop)
 
@@ -371,6 +372,7 @@ async def assemble(
         total_ms=timer.total_ms(),
     )
     decision_rows = [_trace_row(d) for d in packer.decisions]
-    await fetch(store.save_trace, call, decision_rows, durable=cfg.trace_durable_commit)
+    async with autocommit(runtime.pool) as conn:  # the primary's
+        await store.save_trace(conn, call, decision_rows, durable=cfg.trace_durable_commit)
     runtime.telemetry.observe_call(call)
     yield packet

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from psycopg import AsyncConnection
@@ -401,10 +401,12 @@ async def list_facts(
     include_inactive: bool,
     after: tuple[datetime, uuid.UUID] | None,
     limit: int,
+    min_consistency_token: str = "",
 ) -> tuple[list[FactRow], datetime]:
     """A page of facts (see `storage.memory.list_facts`) and the instant it was read at
     (`at`, or the database's now when None)."""
-    async with runtime.pool.connection() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[list[Any], datetime]:
         instant = at or await store.database_now(conn)
         rows = await store.list_facts(
             conn,
@@ -415,7 +417,10 @@ async def list_facts(
             after=after,
             limit=limit,
         )
-    return rows, instant
+        return rows, instant
+
+    reads = runtime.reads
+    return await reads.run(await reads.choose(min_consistency_token), read)
 
 
 async def list_events(
@@ -427,9 +432,11 @@ async def list_events(
     occurred_by: datetime | None,
     before: tuple[datetime, uuid.UUID] | None,
     limit: int,
+    min_consistency_token: str = "",
 ) -> tuple[list[EventRow], datetime]:
     """A page of events, newest first, and the instant the listing is pinned to."""
-    async with runtime.pool.connection() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[list[Any], datetime]:
         instant = recorded_by or await store.database_now(conn)
         rows = await store.list_events(
             conn,
@@ -440,7 +447,10 @@ async def list_events(
             before=before,
             limit=limit,
         )
-    return rows, instant
+        return rows, instant
+
+    reads = runtime.reads
+    return await reads.run(await reads.choose(min_consistency_token), read)
 
 
 async def list_conflicts(
@@ -452,10 +462,12 @@ async def list_conflicts(
     opened_by: datetime | None,
     before: tuple[datetime, uuid.UUID] | None,
     limit: int,
+    min_consistency_token: str = "",
 ) -> tuple[list[ConflictRow], datetime]:
     """A page of conflicts, newest first, and the instant the listing is pinned to
     (`opened_by`, or the database's now when None)."""
-    async with runtime.pool.connection() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[list[Any], datetime]:
         instant = opened_by or await store.database_now(conn)
         rows = await store.list_conflicts(
             conn,
@@ -466,7 +478,10 @@ async def list_conflicts(
             before=before,
             limit=limit,
         )
-    return rows, instant
+        return rows, instant
+
+    reads = runtime.reads
+    return await reads.run(await reads.choose(min_consistency_token), read)
 
 
 async def delete_event(runtime: Runtime, project_id: str, event_id: uuid.UUID) -> store.Deleted:

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from satchel.server.config import Settings
 from satchel.server.embedding.port import Embedder
+from satchel.server.reads import ReadRouter, ReadTarget
 from satchel.server.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -41,6 +42,14 @@ class Runtime:
     traces: TraceHub | None = None
     # What page tokens are signed with (the deployment's, `page_token_secret`).
     page_secret: bytes = b""
+    # Where reads go (the primary alone unless SATCHEL_DATABASE_READ_URLS names replicas).
+    reads: ReadRouter = field(init=False)
+    replicas: list[ReadTarget] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        primary = ReadTarget("primary", self.pool, self.context_pool)
+        wait = self.settings.read_replica_max_wait_seconds
+        self.reads = ReadRouter(primary, self.replicas, max_wait=wait)
 
     @property
     def context_pool(self) -> AsyncConnectionPool:

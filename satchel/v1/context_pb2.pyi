@@ -182,20 +182,22 @@ class Trace(_message.Message):
     def __init__(self, trace_id: _Optional[str] = ..., project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., status: _Optional[_Union[PacketStatus, str]] = ..., warnings: _Optional[_Iterable[str]] = ..., empty_reason: _Optional[str] = ..., timings: _Optional[_Union[TraceTimings, _Mapping]] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tokens_used: _Optional[int] = ...) -> None: ...
 
 class AssembleContextRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance")
+    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance", "min_consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     query: str
     budget_tokens: int
     as_of: _timestamp_pb2.Timestamp
     max_distance: float
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ...) -> None: ...
+    min_consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ..., min_consistency_token: _Optional[str] = ...) -> None: ...
 
 class AssembleContextResponse(_message.Message):
     __slots__ = ("packet", "trace_id")
@@ -206,7 +208,7 @@ class AssembleContextResponse(_message.Message):
     def __init__(self, packet: _Optional[_Union[ContextPacket, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class StreamContextRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance", "max_decisions_per_message")
+    __slots__ = ("project_id", "subject_id", "query", "budget_tokens", "as_of", "max_distance", "max_decisions_per_message", "min_consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +216,7 @@ class StreamContextRequest(_message.Message):
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     MAX_DISTANCE_FIELD_NUMBER: _ClassVar[int]
     MAX_DECISIONS_PER_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     query: str
@@ -221,7 +224,8 @@ class StreamContextRequest(_message.Message):
     as_of: _timestamp_pb2.Timestamp
     max_distance: float
     max_decisions_per_message: int
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ..., max_decisions_per_message: _Optional[int] = ...) -> None: ...
+    min_consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., query: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_distance: _Optional[float] = ..., max_decisions_per_message: _Optional[int] = ..., min_consistency_token: _Optional[str] = ...) -> None: ...
 
 class DecisionBatch(_message.Message):
     __slots__ = ("decisions",)

@@ -127,12 +127,14 @@ class RecordEventRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class RecordEventResponse(_message.Message):
-    __slots__ = ("event", "created")
+    __slots__ = ("event", "created", "consistency_token")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     event: Event
     created: bool
-    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ..., created: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class BatchRecordEventsRequest(_message.Message):
     __slots__ = ("requests",)
@@ -141,24 +143,28 @@ class BatchRecordEventsRequest(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[RecordEventRequest, _Mapping]]] = ...) -> None: ...
 
 class BatchRecordEventsResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "consistency_token")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Event]
-    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "page_size", "page_token", "as_of")
+    __slots__ = ("project_id", "subject_id", "page_size", "page_token", "as_of", "min_consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     page_size: int
     page_token: str
     as_of: _timestamp_pb2.Timestamp
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    min_consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListEventsResponse(_message.Message):
     __slots__ = ("events", "next_page_token")
@@ -197,12 +203,14 @@ class AssertFactRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., predicate: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., statement: _Optional[str] = ..., confidence: _Optional[float] = ..., valid_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source_event_ids: _Optional[_Iterable[str]] = ..., stale_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., supersedes_fact_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssertFactResponse(_message.Message):
-    __slots__ = ("fact", "created")
+    __slots__ = ("fact", "created", "consistency_token")
     FACT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     fact: Fact
     created: bool
-    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ..., created: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class BatchAssertFactsRequest(_message.Message):
     __slots__ = ("requests",)
@@ -211,10 +219,12 @@ class BatchAssertFactsRequest(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[AssertFactRequest, _Mapping]]] = ...) -> None: ...
 
 class BatchAssertFactsResponse(_message.Message):
-    __slots__ = ("facts",)
+    __slots__ = ("facts", "consistency_token")
     FACTS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     facts: _containers.RepeatedCompositeFieldContainer[Fact]
-    def __init__(self, facts: _Optional[_Iterable[_Union[Fact, _Mapping]]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, facts: _Optional[_Iterable[_Union[Fact, _Mapping]]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class RetireFactRequest(_message.Message):
     __slots__ = ("project_id", "fact_id", "reason")
@@ -227,10 +237,12 @@ class RetireFactRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., fact_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RetireFactResponse(_message.Message):
-    __slots__ = ("fact",)
+    __slots__ = ("fact", "consistency_token")
     FACT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     fact: Fact
-    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class SupersedeFactRequest(_message.Message):
     __slots__ = ("project_id", "fact_id", "superseded_by_fact_id")
@@ -243,26 +255,30 @@ class SupersedeFactRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., fact_id: _Optional[str] = ..., superseded_by_fact_id: _Optional[str] = ...) -> None: ...
 
 class SupersedeFactResponse(_message.Message):
-    __slots__ = ("fact",)
+    __slots__ = ("fact", "consistency_token")
     FACT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     fact: Fact
-    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, fact: _Optional[_Union[Fact, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListFactsRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "as_of", "include_inactive", "page_size", "page_token")
+    __slots__ = ("project_id", "subject_id", "as_of", "include_inactive", "page_size", "page_token", "min_consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_INACTIVE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     as_of: _timestamp_pb2.Timestamp
     include_inactive: bool
     page_size: int
     page_token: str
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_inactive: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    min_consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., as_of: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_inactive: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., min_consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListFactsResponse(_message.Message):
     __slots__ = ("facts", "next_page_token")
@@ -285,10 +301,12 @@ class OpenConflictRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., fact_ids: _Optional[_Iterable[str]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class OpenConflictResponse(_message.Message):
-    __slots__ = ("conflict",)
+    __slots__ = ("conflict", "consistency_token")
     CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conflict: Conflict
-    def __init__(self, conflict: _Optional[_Union[Conflict, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, conflict: _Optional[_Union[Conflict, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ResolveConflictRequest(_message.Message):
     __slots__ = ("project_id", "conflict_id", "winning_fact_id")
@@ -301,24 +319,28 @@ class ResolveConflictRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., conflict_id: _Optional[str] = ..., winning_fact_id: _Optional[str] = ...) -> None: ...
 
 class ResolveConflictResponse(_message.Message):
-    __slots__ = ("conflict",)
+    __slots__ = ("conflict", "consistency_token")
     CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     conflict: Conflict
-    def __init__(self, conflict: _Optional[_Union[Conflict, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, conflict: _Optional[_Union[Conflict, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListConflictsRequest(_message.Message):
-    __slots__ = ("project_id", "subject_id", "include_resolved", "page_size", "page_token")
+    __slots__ = ("project_id", "subject_id", "include_resolved", "page_size", "page_token", "min_consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_RESOLVED_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MIN_CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     subject_id: str
     include_resolved: bool
     page_size: int
     page_token: str
-    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    min_consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ..., include_resolved: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., min_consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListConflictsResponse(_message.Message):
     __slots__ = ("conflicts", "next_page_token")
@@ -353,10 +375,12 @@ class DeleteEventRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., event_id: _Optional[str] = ...) -> None: ...
 
 class DeleteEventResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "consistency_token")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deleted: DeletedCounts
-    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class DeleteSubjectRequest(_message.Message):
     __slots__ = ("project_id", "subject_id")
@@ -367,10 +391,12 @@ class DeleteSubjectRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., subject_id: _Optional[str] = ...) -> None: ...
 
 class DeleteSubjectResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "consistency_token")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deleted: DeletedCounts
-    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class DeleteProjectRequest(_message.Message):
     __slots__ = ("project_id",)
@@ -379,7 +405,9 @@ class DeleteProjectRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ...) -> None: ...
 
 class DeleteProjectResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "consistency_token")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     deleted: DeletedCounts
-    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, deleted: _Optional[_Union[DeletedCounts, _Mapping]] = ..., consistency_token: _Optional[str] = ...) -> None: ...

@@ -150,12 +150,14 @@ class UpsertTalentRequest(_message.Message):
     def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ...) -> None: ...
 
 class UpsertTalentResponse(_message.Message):
-    __slots__ = ("talent", "created")
+    __slots__ = ("talent", "created", "consistency_token")
     TALENT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     talent: Talent
     created: bool
-    def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, talent: _Optional[_Union[Talent, _Mapping]] = ..., created: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ListTalentsRequest(_message.Message):
     __slots__ = ("project_id", "active_only", "page_size", "page_token")
@@ -190,14 +192,16 @@ class SetTalentActivationRequest(_message.Message):
     def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class SetTalentActivationResponse(_message.Message):
-    __slots__ = ("project_id", "talent_id", "active")
+    __slots__ = ("project_id", "talent_id", "active", "consistency_token")
     PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
     TALENT_ID_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     project_id: str
     talent_id: str
     active: bool
-    def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
+    consistency_token: str
+    def __init__(self, project_id: _Optional[str] = ..., talent_id: _Optional[str] = ..., active: _Optional[bool] = ..., consistency_token: _Optional[str] = ...) -> None: ...
 
 class ResolveTalentsRequest(_message.Message):
     __slots__ = ("project_id", "role", "task", "relevance", "budget_tokens", "floor", "beta", "margin", "max_served")

@@ -12,6 +12,7 @@ from satchel.server.api.messages import timestamp_message, value_message
 from satchel.server.api.validation import (
     MAX_BUDGET_TOKENS,
     MAX_QUERY_CHARS,
+    check_consistency_token,
     check_id,
     check_text,
     check_timestamp,
@@ -155,6 +156,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         as_of = check_timestamp(
             violations, "as_of", request.as_of, present=request.HasField("as_of")
         )
+        token = check_consistency_token(
+            violations, "min_consistency_token", request.min_consistency_token
+        )
         runtime = self._runtime()
         settings = runtime.settings.context
         if request.HasField("max_distance"):
@@ -188,6 +192,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
             budget_tokens=budget,
             as_of=as_of,
             max_distance=max_distance,
+            min_consistency_token=token,
         )
 
     async def AssembleContext(
@@ -222,11 +227,15 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         check_id(violations, "project_id", request.project_id)
         trace_id = parse_uuid(violations, "trace_id", request.trace_id)
         violations.raise_if_any()
+        assert trace_id is not None
         runtime = self._runtime()
-        async with runtime.pool.connection() as conn:
-            found = await store.load_trace(conn, request.project_id, trace_id)
-            horizon = None if found else await retention.expired_before(conn)
+        reads = runtime.reads
+        target = await reads.choose()
+        found = await reads.run(target, store.load_trace, request.project_id, trace_id)
+        if found is None and target is not reads.primary:  # perhaps not replayed there yet
+            found = await reads.run(reads.primary, store.load_trace, request.project_id, trace_id)
         if found is None:
+            horizon = await reads.run(reads.primary, retention.expired_before)
             made = issued_at(trace_id)
             if made is not None and horizon is not None and made < horizon:
                 days = runtime.settings.trace_retention_days
@@ -278,8 +287,8 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         violations = Violations()
         check_id(violations, "project_id", request.project_id)
         violations.raise_if_any()
-        async with self._runtime().pool.connection() as conn:
-            row = await store.stats_overview(conn, request.project_id)
+        reads = self._runtime().reads
+        row = await reads.run(await reads.choose(), store.stats_overview, request.project_id)
         calls = int(row["context_calls"])
         rate = row["calls_serving_facts"] / calls if calls else 0.0
         return pb.GetStatsOverviewResponse(

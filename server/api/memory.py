@@ -17,6 +17,7 @@ from satchel.server.api.validation import (
     MAX_BATCH_ITEMS,
     MAX_REFERENCED_IDS,
     MAX_TEXT_CHARS,
+    check_consistency_token,
     check_duration,
     check_id,
     check_json_size,
@@ -220,6 +221,10 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     def __init__(self, runtime: RuntimeRef) -> None:
         self._runtime = runtime
 
+    async def _written(self) -> str:
+        """The consistency token of the write that just committed."""
+        return await self._runtime().reads.consistency_token()
+
     async def RecordEvent(
         self, request: memory_pb2.RecordEventRequest, context: aio.ServicerContext
     ) -> memory_pb2.RecordEventResponse:
@@ -229,7 +234,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         v.raise_if_any()
         (written,) = await memory.record_events(self._runtime(), [event])
         return memory_pb2.RecordEventResponse(
-            event=event_message(written.row), created=written.created
+            event=event_message(written.row),
+            created=written.created,
+            consistency_token=await self._written(),
         )
 
     async def BatchRecordEvents(
@@ -242,7 +249,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         events = [new_event(v, item, f"requests[{i}].") for i, item in enumerate(request.requests)]
         v.raise_if_any()
         written = await memory.record_events(self._runtime(), events)
-        return memory_pb2.BatchRecordEventsResponse(events=[event_message(w.row) for w in written])
+        return memory_pb2.BatchRecordEventsResponse(
+            events=[event_message(w.row) for w in written], consistency_token=await self._written()
+        )
 
     async def ListEvents(
         self, request: memory_pb2.ListEventsRequest, context: aio.ServicerContext
@@ -259,9 +268,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         token = decode_page_token(
             v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
         )
+        consistency = check_consistency_token(
+            v, "min_consistency_token", request.min_consistency_token
+        )
         v.raise_if_any()
         rows, at = await memory.list_events(
             self._runtime(),
+            min_consistency_token=consistency,
             project_id=request.project_id,
             subject_id=request.subject_id,
             recorded_by=token.at if token else as_of,
@@ -290,7 +303,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         v.raise_if_any()
         (written,) = await memory.assert_facts(self._runtime(), [fact], [""])
         return memory_pb2.AssertFactResponse(
-            fact=fact_message(written.row), created=written.created
+            fact=fact_message(written.row),
+            created=written.created,
+            consistency_token=await self._written(),
         )
 
     async def BatchAssertFacts(
@@ -305,7 +320,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         facts = [new_fact(v, item, path) for item, path in items]
         v.raise_if_any()
         written = await memory.assert_facts(self._runtime(), facts, paths)
-        return memory_pb2.BatchAssertFactsResponse(facts=[fact_message(w.row) for w in written])
+        return memory_pb2.BatchAssertFactsResponse(
+            facts=[fact_message(w.row) for w in written], consistency_token=await self._written()
+        )
 
     async def RetireFact(
         self, request: memory_pb2.RetireFactRequest, context: aio.ServicerContext
@@ -320,7 +337,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         row = await memory.retire_fact(
             self._runtime(), request.project_id, fact_id, request.reason.strip()
         )
-        return memory_pb2.RetireFactResponse(fact=fact_message(row))
+        return memory_pb2.RetireFactResponse(
+            fact=fact_message(row), consistency_token=await self._written()
+        )
 
     async def SupersedeFact(
         self, request: memory_pb2.SupersedeFactRequest, context: aio.ServicerContext
@@ -335,7 +354,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         v.raise_if_any()
         assert fact_id is not None and successor is not None
         row = await memory.supersede_fact(self._runtime(), request.project_id, fact_id, successor)
-        return memory_pb2.SupersedeFactResponse(fact=fact_message(row))
+        return memory_pb2.SupersedeFactResponse(
+            fact=fact_message(row), consistency_token=await self._written()
+        )
 
     async def ListFacts(
         self, request: memory_pb2.ListFactsRequest, context: aio.ServicerContext
@@ -356,9 +377,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         token = decode_page_token(
             v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
         )
+        consistency = check_consistency_token(
+            v, "min_consistency_token", request.min_consistency_token
+        )
         v.raise_if_any()
         rows, at = await memory.list_facts(
             self._runtime(),
+            min_consistency_token=consistency,
             project_id=request.project_id,
             subject_id=request.subject_id,
             at=token.at if token else as_of,
@@ -397,7 +422,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             fact_ids=fact_ids,
             note=request.note.strip(),
         )
-        return memory_pb2.OpenConflictResponse(conflict=conflict_message(row))
+        return memory_pb2.OpenConflictResponse(
+            conflict=conflict_message(row), consistency_token=await self._written()
+        )
 
     async def ResolveConflict(
         self, request: memory_pb2.ResolveConflictRequest, context: aio.ServicerContext
@@ -412,7 +439,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         row = await memory.resolve_conflict(
             self._runtime(), request.project_id, conflict_id, winner
         )
-        return memory_pb2.ResolveConflictResponse(conflict=conflict_message(row))
+        return memory_pb2.ResolveConflictResponse(
+            conflict=conflict_message(row), consistency_token=await self._written()
+        )
 
     async def ListConflicts(
         self, request: memory_pb2.ListConflictsRequest, context: aio.ServicerContext
@@ -428,9 +457,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         token = decode_page_token(
             v, "page_token", request.page_token, fingerprint, self._runtime().page_secret
         )
+        consistency = check_consistency_token(
+            v, "min_consistency_token", request.min_consistency_token
+        )
         v.raise_if_any()
         rows, at = await memory.list_conflicts(
             self._runtime(),
+            min_consistency_token=consistency,
             project_id=request.project_id,
             subject_id=request.subject_id,
             include_resolved=request.include_resolved,
@@ -461,7 +494,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         v.raise_if_any()
         assert event_id is not None
         deleted = await memory.delete_event(self._runtime(), request.project_id, event_id)
-        return memory_pb2.DeleteEventResponse(deleted=deleted_message(deleted))
+        return memory_pb2.DeleteEventResponse(
+            deleted=deleted_message(deleted), consistency_token=await self._written()
+        )
 
     async def DeleteSubject(
         self, request: memory_pb2.DeleteSubjectRequest, context: aio.ServicerContext
@@ -473,7 +508,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         deleted = await memory.delete_scopes(
             self._runtime(), request.project_id, request.subject_id
         )
-        return memory_pb2.DeleteSubjectResponse(deleted=deleted_message(deleted))
+        return memory_pb2.DeleteSubjectResponse(
+            deleted=deleted_message(deleted), consistency_token=await self._written()
+        )
 
     async def DeleteProject(
         self, request: memory_pb2.DeleteProjectRequest, context: aio.ServicerContext
@@ -483,4 +520,6 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         check_id(v, "project_id", request.project_id)
         v.raise_if_any()
         deleted = await memory.delete_scopes(self._runtime(), request.project_id, None)
-        return memory_pb2.DeleteProjectResponse(deleted=deleted_message(deleted))
+        return memory_pb2.DeleteProjectResponse(
+            deleted=deleted_message(deleted), consistency_token=await self._written()
+        )

@@ -192,7 +192,11 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
         """Create or replace a talent (self-edges refused, unknown targets kept)."""
         record = talent_record(request)
         stored, created = await self._service().upsert(record)
-        return talent_pb2.UpsertTalentResponse(talent=talent_message(stored), created=created)
+        return talent_pb2.UpsertTalentResponse(
+            talent=talent_message(stored),
+            created=created,
+            consistency_token=await self._runtime().reads.consistency_token(),
+        )
 
     async def ListTalents(
         self, request: talent_pb2.ListTalentsRequest, context: grpc.aio.ServicerContext
@@ -244,7 +248,10 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
                 metadata={"talent_id": request.talent_id},
             )
         return talent_pb2.SetTalentActivationResponse(
-            project_id=request.project_id, talent_id=request.talent_id, active=request.active
+            project_id=request.project_id,
+            talent_id=request.talent_id,
+            active=request.active,
+            consistency_token=await self._runtime().reads.consistency_token(),
         )
 
     async def ResolveTalents(

@@ -18,6 +18,7 @@ from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from satchel.server.errors import Violations
+from satchel.server.storage.replicas import TOKEN
 
 MAX_ID_CHARS = 200
 MAX_QUERY_CHARS = 8_000
@@ -221,3 +222,10 @@ def parse_uuids(
         if parsed is not None:
             out.setdefault(parsed)
     return list(out)
+
+
+def check_consistency_token(violations: Violations, field: str, token: str) -> str:
+    """A write's consistency token, or "" (none); anything else is a violation."""
+    if token and not TOKEN.fullmatch(token):
+        violations.add(field, "must be a consistency_token returned by a write, or empty")
+    return token

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from satchel.server import context as assembly
+from satchel.server import reads
 from satchel.server.config import ContextSettings, Settings
 from satchel.server.context import Packet
 from satchel.server.domain.packing import MULTI_HOP_EXPANSION
@@ -69,7 +70,8 @@ def database(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     async def save_trace(*args: Any, **kwargs: Any) -> None:
         return None
 
-    monkeypatch.setattr(assembly, "autocommit", no_connection)
+    monkeypatch.setattr(assembly, "autocommit", no_connection)  # the trace's
+    monkeypatch.setattr(reads, "autocommit", no_connection)  # the reads'
     monkeypatch.setattr(store, "plan_query", plan)
     monkeypatch.setattr(store, "fetch_fact_candidates", facts)
     monkeypatch.setattr(store, "fetch_episodes", episodes)

@@ -464,7 +464,15 @@ export interface AssembleContextRequest {
    * excluded (below_relevance_floor). Unset: the server's floor (SATCHEL_RECALL_MAX_DISTANCE,
    * by default the one calibrated for its embedding model); 0 turns it off. In [0, 2].
    */
-  maxDistance?: number | undefined;
+  maxDistance?:
+    | number
+    | undefined;
+  /**
+   * A `consistency_token` of an earlier write: with read replicas, the call reads a replica
+   * that has replayed that write, waiting for one a bounded time, else the primary. Empty:
+   * any replica as it is. Not a token: INVALID_ARGUMENT.
+   */
+  minConsistencyToken: string;
 }
 
 /** AssembleContextResponse is the packet of one turn. */
@@ -508,6 +516,12 @@ export interface StreamContextRequest {
    * messages for the same decisions, in the same order. At most 256 (else INVALID_ARGUMENT).
    */
   maxDecisionsPerMessage: number;
+  /**
+   * A `consistency_token` of an earlier write: with read replicas, the call reads a replica
+   * that has replayed that write, waiting for one a bounded time, else the primary. Empty:
+   * any replica as it is. Not a token: INVALID_ARGUMENT.
+   */
+  minConsistencyToken: string;
 }
 
 /** DecisionBatch is consecutive decisions of one call, in decision order. */
@@ -1842,7 +1856,15 @@ export const Trace: MessageFns<Trace> = {
 };
 
 function createBaseAssembleContextRequest(): AssembleContextRequest {
-  return { projectId: "", subjectId: "", query: "", budgetTokens: undefined, asOf: undefined, maxDistance: undefined };
+  return {
+    projectId: "",
+    subjectId: "",
+    query: "",
+    budgetTokens: undefined,
+    asOf: undefined,
+    maxDistance: undefined,
+    minConsistencyToken: "",
+  };
 }
 
 export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
@@ -1864,6 +1886,9 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     }
     if (message.maxDistance !== undefined) {
       writer.uint32(49).double(message.maxDistance);
+    }
+    if (message.minConsistencyToken !== "") {
+      writer.uint32(58).string(message.minConsistencyToken);
     }
     return writer;
   },
@@ -1929,6 +1954,14 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
             message.maxDistance = reader.double();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.minConsistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1969,6 +2002,11 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
         : isSet(object.max_distance)
         ? globalThis.Number(object.max_distance)
         : undefined,
+      minConsistencyToken: isSet(object.minConsistencyToken)
+        ? globalThis.String(object.minConsistencyToken)
+        : isSet(object.min_consistency_token)
+        ? globalThis.String(object.min_consistency_token)
+        : "",
     };
   },
 
@@ -1992,6 +2030,9 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     if (message.maxDistance !== undefined) {
       obj.maxDistance = floatToJson(message.maxDistance);
     }
+    if (message.minConsistencyToken !== "") {
+      obj.minConsistencyToken = message.minConsistencyToken;
+    }
     return obj;
   },
 
@@ -2006,6 +2047,7 @@ export const AssembleContextRequest: MessageFns<AssembleContextRequest> = {
     message.budgetTokens = object.budgetTokens ?? undefined;
     message.asOf = object.asOf ?? undefined;
     message.maxDistance = object.maxDistance ?? undefined;
+    message.minConsistencyToken = object.minConsistencyToken ?? "";
     return message;
   },
 };
@@ -2110,6 +2152,7 @@ function createBaseStreamContextRequest(): StreamContextRequest {
     asOf: undefined,
     maxDistance: undefined,
     maxDecisionsPerMessage: 0,
+    minConsistencyToken: "",
   };
 }
 
@@ -2135,6 +2178,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     }
     if (message.maxDecisionsPerMessage !== 0) {
       writer.uint32(56).uint32(message.maxDecisionsPerMessage);
+    }
+    if (message.minConsistencyToken !== "") {
+      writer.uint32(66).string(message.minConsistencyToken);
     }
     return writer;
   },
@@ -2208,6 +2254,14 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
             message.maxDecisionsPerMessage = reader.uint32();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.minConsistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2253,6 +2307,11 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
         : isSet(object.max_decisions_per_message)
         ? globalThis.Number(object.max_decisions_per_message)
         : 0,
+      minConsistencyToken: isSet(object.minConsistencyToken)
+        ? globalThis.String(object.minConsistencyToken)
+        : isSet(object.min_consistency_token)
+        ? globalThis.String(object.min_consistency_token)
+        : "",
     };
   },
 
@@ -2279,6 +2338,9 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     if (message.maxDecisionsPerMessage !== 0) {
       obj.maxDecisionsPerMessage = Math.round(message.maxDecisionsPerMessage);
     }
+    if (message.minConsistencyToken !== "") {
+      obj.minConsistencyToken = message.minConsistencyToken;
+    }
     return obj;
   },
 
@@ -2294,6 +2356,7 @@ export const StreamContextRequest: MessageFns<StreamContextRequest> = {
     message.asOf = object.asOf ?? undefined;
     message.maxDistance = object.maxDistance ?? undefined;
     message.maxDecisionsPerMessage = object.maxDecisionsPerMessage ?? 0;
+    message.minConsistencyToken = object.minConsistencyToken ?? "";
     return message;
   },
 };

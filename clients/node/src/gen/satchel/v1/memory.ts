@@ -281,6 +281,12 @@ export interface RecordEventResponse {
     | undefined;
   /** False when the idempotency key had been seen and the first event is returned. */
   created: boolean;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** BatchRecordEventsRequest is many events to store in one transaction. */
@@ -296,6 +302,12 @@ export interface BatchRecordEventsRequest {
 export interface BatchRecordEventsResponse {
   /** In the order of the requests. */
   events: Event[];
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ListEventsRequest asks for a page of a scope's events. */
@@ -318,7 +330,15 @@ export interface ListEventsRequest {
    * The events that had occurred by that instant as recorded then; unset means every event
    * recorded by now.
    */
-  asOf: Date | undefined;
+  asOf:
+    | Date
+    | undefined;
+  /**
+   * A `consistency_token` of an earlier write: with read replicas, the call reads a replica
+   * that has replayed that write, waiting for one a bounded time, else the primary. Empty:
+   * any replica as it is. Not a token: INVALID_ARGUMENT.
+   */
+  minConsistencyToken: string;
 }
 
 /** ListEventsResponse is a page of events. */
@@ -396,6 +416,12 @@ export interface AssertFactResponse {
     | undefined;
   /** False when the idempotency key had been seen and the first fact is returned. */
   created: boolean;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** BatchAssertFactsRequest is many facts to store in one transaction. */
@@ -411,6 +437,12 @@ export interface BatchAssertFactsRequest {
 export interface BatchAssertFactsResponse {
   /** In the order of the requests. */
   facts: Fact[];
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** RetireFactRequest names a fact to retire. */
@@ -426,7 +458,15 @@ export interface RetireFactRequest {
 /** RetireFactResponse is the retired fact. */
 export interface RetireFactResponse {
   /** The fact, now FACT_STATUS_RETIRED with recorded_to set. */
-  fact: Fact | undefined;
+  fact:
+    | Fact
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** SupersedeFactRequest names a fact and the fact that replaces it. */
@@ -445,7 +485,15 @@ export interface SupersedeFactResponse {
    * The old fact, now FACT_STATUS_SUPERSEDED, its valid_to the successor's valid_from (or the
    * time of the supersession), never later than it was.
    */
-  fact: Fact | undefined;
+  fact:
+    | Fact
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ListFactsRequest asks for a page of a scope's facts. */
@@ -473,6 +521,12 @@ export interface ListFactsRequest {
    * (same project, subject, as_of and include_inactive), else INVALID_ARGUMENT.
    */
   pageToken: string;
+  /**
+   * A `consistency_token` of an earlier write: with read replicas, the call reads a replica
+   * that has replayed that write, waiting for one a bounded time, else the primary. Empty:
+   * any replica as it is. Not a token: INVALID_ARGUMENT.
+   */
+  minConsistencyToken: string;
 }
 
 /** ListFactsResponse is a page of facts. */
@@ -504,7 +558,15 @@ export interface OpenConflictRequest {
 /** OpenConflictResponse is the opened conflict. */
 export interface OpenConflictResponse {
   /** The conflict, CONFLICT_STATUS_OPEN. */
-  conflict: Conflict | undefined;
+  conflict:
+    | Conflict
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ResolveConflictRequest names a conflict and its winner. */
@@ -520,7 +582,15 @@ export interface ResolveConflictRequest {
 /** ResolveConflictResponse is the resolved conflict. */
 export interface ResolveConflictResponse {
   /** The conflict, CONFLICT_STATUS_RESOLVED; its other members are now superseded by the winner. */
-  conflict: Conflict | undefined;
+  conflict:
+    | Conflict
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ListConflictsRequest asks for a page of a scope's conflicts. */
@@ -541,6 +611,12 @@ export interface ListConflictsRequest {
    * (same project, subject and include_resolved), else INVALID_ARGUMENT.
    */
   pageToken: string;
+  /**
+   * A `consistency_token` of an earlier write: with read replicas, the call reads a replica
+   * that has replayed that write, waiting for one a bounded time, else the primary. Empty:
+   * any replica as it is. Not a token: INVALID_ARGUMENT.
+   */
+  minConsistencyToken: string;
 }
 
 /** ListConflictsResponse is a page of conflicts. */
@@ -593,7 +669,15 @@ export interface DeleteEventRequest {
 /** DeleteEventResponse is what was deleted. */
 export interface DeleteEventResponse {
   /** The rows deleted (all zero when the event did not exist, or no longer did). */
-  deleted: DeletedCounts | undefined;
+  deleted:
+    | DeletedCounts
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** DeleteSubjectRequest names a scope to forget. */
@@ -607,7 +691,15 @@ export interface DeleteSubjectRequest {
 /** DeleteSubjectResponse is what was deleted. */
 export interface DeleteSubjectResponse {
   /** The rows deleted (all zero for a scope without data). */
-  deleted: DeletedCounts | undefined;
+  deleted:
+    | DeletedCounts
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** DeleteProjectRequest names a project to forget. */
@@ -622,7 +714,15 @@ export interface DeleteProjectRequest {
 /** DeleteProjectResponse is what was deleted. */
 export interface DeleteProjectResponse {
   /** The rows deleted (all zero for a project without data). */
-  deleted: DeletedCounts | undefined;
+  deleted:
+    | DeletedCounts
+    | undefined;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 function createBaseEvent(): Event {
@@ -1596,7 +1696,7 @@ export const RecordEventRequest: MessageFns<RecordEventRequest> = {
 };
 
 function createBaseRecordEventResponse(): RecordEventResponse {
-  return { event: undefined, created: false };
+  return { event: undefined, created: false, consistencyToken: "" };
 }
 
 export const RecordEventResponse: MessageFns<RecordEventResponse> = {
@@ -1606,6 +1706,9 @@ export const RecordEventResponse: MessageFns<RecordEventResponse> = {
     }
     if (message.created !== false) {
       writer.uint32(16).bool(message.created);
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(26).string(message.consistencyToken);
     }
     return writer;
   },
@@ -1639,6 +1742,14 @@ export const RecordEventResponse: MessageFns<RecordEventResponse> = {
             message.created = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1655,6 +1766,11 @@ export const RecordEventResponse: MessageFns<RecordEventResponse> = {
     return {
       event: isSet(object.event) ? Event.fromJSON(object.event) : undefined,
       created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
     };
   },
 
@@ -1666,6 +1782,9 @@ export const RecordEventResponse: MessageFns<RecordEventResponse> = {
     if (message.created !== false) {
       obj.created = message.created;
     }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
+    }
     return obj;
   },
 
@@ -1676,6 +1795,7 @@ export const RecordEventResponse: MessageFns<RecordEventResponse> = {
     const message = createBaseRecordEventResponse();
     message.event = (object.event !== undefined && object.event !== null) ? Event.fromPartial(object.event) : undefined;
     message.created = object.created ?? false;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -1752,13 +1872,16 @@ export const BatchRecordEventsRequest: MessageFns<BatchRecordEventsRequest> = {
 };
 
 function createBaseBatchRecordEventsResponse(): BatchRecordEventsResponse {
-  return { events: [] };
+  return { events: [], consistencyToken: "" };
 }
 
 export const BatchRecordEventsResponse: MessageFns<BatchRecordEventsResponse> = {
   encode(message: BatchRecordEventsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.events) {
       Event.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -1784,6 +1907,14 @@ export const BatchRecordEventsResponse: MessageFns<BatchRecordEventsResponse> = 
             message.events.push(Event.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1797,13 +1928,23 @@ export const BatchRecordEventsResponse: MessageFns<BatchRecordEventsResponse> = 
   },
 
   fromJSON(object: any): BatchRecordEventsResponse {
-    return { events: globalThis.Array.isArray(object?.events) ? object.events.map((e: any) => Event.fromJSON(e)) : [] };
+    return {
+      events: globalThis.Array.isArray(object?.events) ? object.events.map((e: any) => Event.fromJSON(e)) : [],
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: BatchRecordEventsResponse): unknown {
     const obj: any = {};
     if (message.events?.length) {
       obj.events = message.events.map((e) => Event.toJSON(e));
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -1814,12 +1955,13 @@ export const BatchRecordEventsResponse: MessageFns<BatchRecordEventsResponse> = 
   fromPartial<I extends Exact<DeepPartial<BatchRecordEventsResponse>, I>>(object: I): BatchRecordEventsResponse {
     const message = createBaseBatchRecordEventsResponse();
     message.events = object.events?.map((e) => Event.fromPartial(e)) || [];
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
 
 function createBaseListEventsRequest(): ListEventsRequest {
-  return { projectId: "", subjectId: "", pageSize: 0, pageToken: "", asOf: undefined };
+  return { projectId: "", subjectId: "", pageSize: 0, pageToken: "", asOf: undefined, minConsistencyToken: "" };
 }
 
 export const ListEventsRequest: MessageFns<ListEventsRequest> = {
@@ -1838,6 +1980,9 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     }
     if (message.asOf !== undefined) {
       Timestamp.encode(toTimestamp(message.asOf), writer.uint32(42).fork()).join();
+    }
+    if (message.minConsistencyToken !== "") {
+      writer.uint32(50).string(message.minConsistencyToken);
     }
     return writer;
   },
@@ -1895,6 +2040,14 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
             message.asOf = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.minConsistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1934,6 +2087,11 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
         : isSet(object.as_of)
         ? fromJsonTimestamp(object.as_of)
         : undefined,
+      minConsistencyToken: isSet(object.minConsistencyToken)
+        ? globalThis.String(object.minConsistencyToken)
+        : isSet(object.min_consistency_token)
+        ? globalThis.String(object.min_consistency_token)
+        : "",
     };
   },
 
@@ -1954,6 +2112,9 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     if (message.asOf !== undefined) {
       obj.asOf = message.asOf.toISOString();
     }
+    if (message.minConsistencyToken !== "") {
+      obj.minConsistencyToken = message.minConsistencyToken;
+    }
     return obj;
   },
 
@@ -1967,6 +2128,7 @@ export const ListEventsRequest: MessageFns<ListEventsRequest> = {
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
     message.asOf = object.asOf ?? undefined;
+    message.minConsistencyToken = object.minConsistencyToken ?? "";
     return message;
   },
 };
@@ -2353,7 +2515,7 @@ export const AssertFactRequest: MessageFns<AssertFactRequest> = {
 };
 
 function createBaseAssertFactResponse(): AssertFactResponse {
-  return { fact: undefined, created: false };
+  return { fact: undefined, created: false, consistencyToken: "" };
 }
 
 export const AssertFactResponse: MessageFns<AssertFactResponse> = {
@@ -2363,6 +2525,9 @@ export const AssertFactResponse: MessageFns<AssertFactResponse> = {
     }
     if (message.created !== false) {
       writer.uint32(16).bool(message.created);
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(26).string(message.consistencyToken);
     }
     return writer;
   },
@@ -2396,6 +2561,14 @@ export const AssertFactResponse: MessageFns<AssertFactResponse> = {
             message.created = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2412,6 +2585,11 @@ export const AssertFactResponse: MessageFns<AssertFactResponse> = {
     return {
       fact: isSet(object.fact) ? Fact.fromJSON(object.fact) : undefined,
       created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
     };
   },
 
@@ -2423,6 +2601,9 @@ export const AssertFactResponse: MessageFns<AssertFactResponse> = {
     if (message.created !== false) {
       obj.created = message.created;
     }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
+    }
     return obj;
   },
 
@@ -2433,6 +2614,7 @@ export const AssertFactResponse: MessageFns<AssertFactResponse> = {
     const message = createBaseAssertFactResponse();
     message.fact = (object.fact !== undefined && object.fact !== null) ? Fact.fromPartial(object.fact) : undefined;
     message.created = object.created ?? false;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -2509,13 +2691,16 @@ export const BatchAssertFactsRequest: MessageFns<BatchAssertFactsRequest> = {
 };
 
 function createBaseBatchAssertFactsResponse(): BatchAssertFactsResponse {
-  return { facts: [] };
+  return { facts: [], consistencyToken: "" };
 }
 
 export const BatchAssertFactsResponse: MessageFns<BatchAssertFactsResponse> = {
   encode(message: BatchAssertFactsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.facts) {
       Fact.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -2541,6 +2726,14 @@ export const BatchAssertFactsResponse: MessageFns<BatchAssertFactsResponse> = {
             message.facts.push(Fact.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2554,13 +2747,23 @@ export const BatchAssertFactsResponse: MessageFns<BatchAssertFactsResponse> = {
   },
 
   fromJSON(object: any): BatchAssertFactsResponse {
-    return { facts: globalThis.Array.isArray(object?.facts) ? object.facts.map((e: any) => Fact.fromJSON(e)) : [] };
+    return {
+      facts: globalThis.Array.isArray(object?.facts) ? object.facts.map((e: any) => Fact.fromJSON(e)) : [],
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: BatchAssertFactsResponse): unknown {
     const obj: any = {};
     if (message.facts?.length) {
       obj.facts = message.facts.map((e) => Fact.toJSON(e));
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -2571,6 +2774,7 @@ export const BatchAssertFactsResponse: MessageFns<BatchAssertFactsResponse> = {
   fromPartial<I extends Exact<DeepPartial<BatchAssertFactsResponse>, I>>(object: I): BatchAssertFactsResponse {
     const message = createBaseBatchAssertFactsResponse();
     message.facts = object.facts?.map((e) => Fact.fromPartial(e)) || [];
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -2685,13 +2889,16 @@ export const RetireFactRequest: MessageFns<RetireFactRequest> = {
 };
 
 function createBaseRetireFactResponse(): RetireFactResponse {
-  return { fact: undefined };
+  return { fact: undefined, consistencyToken: "" };
 }
 
 export const RetireFactResponse: MessageFns<RetireFactResponse> = {
   encode(message: RetireFactResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.fact !== undefined) {
       Fact.encode(message.fact, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -2717,6 +2924,14 @@ export const RetireFactResponse: MessageFns<RetireFactResponse> = {
             message.fact = Fact.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2730,13 +2945,23 @@ export const RetireFactResponse: MessageFns<RetireFactResponse> = {
   },
 
   fromJSON(object: any): RetireFactResponse {
-    return { fact: isSet(object.fact) ? Fact.fromJSON(object.fact) : undefined };
+    return {
+      fact: isSet(object.fact) ? Fact.fromJSON(object.fact) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: RetireFactResponse): unknown {
     const obj: any = {};
     if (message.fact !== undefined) {
       obj.fact = Fact.toJSON(message.fact);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -2747,6 +2972,7 @@ export const RetireFactResponse: MessageFns<RetireFactResponse> = {
   fromPartial<I extends Exact<DeepPartial<RetireFactResponse>, I>>(object: I): RetireFactResponse {
     const message = createBaseRetireFactResponse();
     message.fact = (object.fact !== undefined && object.fact !== null) ? Fact.fromPartial(object.fact) : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -2865,13 +3091,16 @@ export const SupersedeFactRequest: MessageFns<SupersedeFactRequest> = {
 };
 
 function createBaseSupersedeFactResponse(): SupersedeFactResponse {
-  return { fact: undefined };
+  return { fact: undefined, consistencyToken: "" };
 }
 
 export const SupersedeFactResponse: MessageFns<SupersedeFactResponse> = {
   encode(message: SupersedeFactResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.fact !== undefined) {
       Fact.encode(message.fact, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -2897,6 +3126,14 @@ export const SupersedeFactResponse: MessageFns<SupersedeFactResponse> = {
             message.fact = Fact.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2910,13 +3147,23 @@ export const SupersedeFactResponse: MessageFns<SupersedeFactResponse> = {
   },
 
   fromJSON(object: any): SupersedeFactResponse {
-    return { fact: isSet(object.fact) ? Fact.fromJSON(object.fact) : undefined };
+    return {
+      fact: isSet(object.fact) ? Fact.fromJSON(object.fact) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: SupersedeFactResponse): unknown {
     const obj: any = {};
     if (message.fact !== undefined) {
       obj.fact = Fact.toJSON(message.fact);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -2927,12 +3174,21 @@ export const SupersedeFactResponse: MessageFns<SupersedeFactResponse> = {
   fromPartial<I extends Exact<DeepPartial<SupersedeFactResponse>, I>>(object: I): SupersedeFactResponse {
     const message = createBaseSupersedeFactResponse();
     message.fact = (object.fact !== undefined && object.fact !== null) ? Fact.fromPartial(object.fact) : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
 
 function createBaseListFactsRequest(): ListFactsRequest {
-  return { projectId: "", subjectId: "", asOf: undefined, includeInactive: false, pageSize: 0, pageToken: "" };
+  return {
+    projectId: "",
+    subjectId: "",
+    asOf: undefined,
+    includeInactive: false,
+    pageSize: 0,
+    pageToken: "",
+    minConsistencyToken: "",
+  };
 }
 
 export const ListFactsRequest: MessageFns<ListFactsRequest> = {
@@ -2954,6 +3210,9 @@ export const ListFactsRequest: MessageFns<ListFactsRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(50).string(message.pageToken);
+    }
+    if (message.minConsistencyToken !== "") {
+      writer.uint32(58).string(message.minConsistencyToken);
     }
     return writer;
   },
@@ -3019,6 +3278,14 @@ export const ListFactsRequest: MessageFns<ListFactsRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.minConsistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3063,6 +3330,11 @@ export const ListFactsRequest: MessageFns<ListFactsRequest> = {
         : isSet(object.page_token)
         ? globalThis.String(object.page_token)
         : "",
+      minConsistencyToken: isSet(object.minConsistencyToken)
+        ? globalThis.String(object.minConsistencyToken)
+        : isSet(object.min_consistency_token)
+        ? globalThis.String(object.min_consistency_token)
+        : "",
     };
   },
 
@@ -3086,6 +3358,9 @@ export const ListFactsRequest: MessageFns<ListFactsRequest> = {
     if (message.pageToken !== "") {
       obj.pageToken = message.pageToken;
     }
+    if (message.minConsistencyToken !== "") {
+      obj.minConsistencyToken = message.minConsistencyToken;
+    }
     return obj;
   },
 
@@ -3100,6 +3375,7 @@ export const ListFactsRequest: MessageFns<ListFactsRequest> = {
     message.includeInactive = object.includeInactive ?? false;
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.minConsistencyToken = object.minConsistencyToken ?? "";
     return message;
   },
 };
@@ -3323,13 +3599,16 @@ export const OpenConflictRequest: MessageFns<OpenConflictRequest> = {
 };
 
 function createBaseOpenConflictResponse(): OpenConflictResponse {
-  return { conflict: undefined };
+  return { conflict: undefined, consistencyToken: "" };
 }
 
 export const OpenConflictResponse: MessageFns<OpenConflictResponse> = {
   encode(message: OpenConflictResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.conflict !== undefined) {
       Conflict.encode(message.conflict, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -3355,6 +3634,14 @@ export const OpenConflictResponse: MessageFns<OpenConflictResponse> = {
             message.conflict = Conflict.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3368,13 +3655,23 @@ export const OpenConflictResponse: MessageFns<OpenConflictResponse> = {
   },
 
   fromJSON(object: any): OpenConflictResponse {
-    return { conflict: isSet(object.conflict) ? Conflict.fromJSON(object.conflict) : undefined };
+    return {
+      conflict: isSet(object.conflict) ? Conflict.fromJSON(object.conflict) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: OpenConflictResponse): unknown {
     const obj: any = {};
     if (message.conflict !== undefined) {
       obj.conflict = Conflict.toJSON(message.conflict);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -3387,6 +3684,7 @@ export const OpenConflictResponse: MessageFns<OpenConflictResponse> = {
     message.conflict = (object.conflict !== undefined && object.conflict !== null)
       ? Conflict.fromPartial(object.conflict)
       : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -3505,13 +3803,16 @@ export const ResolveConflictRequest: MessageFns<ResolveConflictRequest> = {
 };
 
 function createBaseResolveConflictResponse(): ResolveConflictResponse {
-  return { conflict: undefined };
+  return { conflict: undefined, consistencyToken: "" };
 }
 
 export const ResolveConflictResponse: MessageFns<ResolveConflictResponse> = {
   encode(message: ResolveConflictResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.conflict !== undefined) {
       Conflict.encode(message.conflict, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -3537,6 +3838,14 @@ export const ResolveConflictResponse: MessageFns<ResolveConflictResponse> = {
             message.conflict = Conflict.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3550,13 +3859,23 @@ export const ResolveConflictResponse: MessageFns<ResolveConflictResponse> = {
   },
 
   fromJSON(object: any): ResolveConflictResponse {
-    return { conflict: isSet(object.conflict) ? Conflict.fromJSON(object.conflict) : undefined };
+    return {
+      conflict: isSet(object.conflict) ? Conflict.fromJSON(object.conflict) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: ResolveConflictResponse): unknown {
     const obj: any = {};
     if (message.conflict !== undefined) {
       obj.conflict = Conflict.toJSON(message.conflict);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -3569,12 +3888,13 @@ export const ResolveConflictResponse: MessageFns<ResolveConflictResponse> = {
     message.conflict = (object.conflict !== undefined && object.conflict !== null)
       ? Conflict.fromPartial(object.conflict)
       : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
 
 function createBaseListConflictsRequest(): ListConflictsRequest {
-  return { projectId: "", subjectId: "", includeResolved: false, pageSize: 0, pageToken: "" };
+  return { projectId: "", subjectId: "", includeResolved: false, pageSize: 0, pageToken: "", minConsistencyToken: "" };
 }
 
 export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
@@ -3593,6 +3913,9 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(42).string(message.pageToken);
+    }
+    if (message.minConsistencyToken !== "") {
+      writer.uint32(50).string(message.minConsistencyToken);
     }
     return writer;
   },
@@ -3650,6 +3973,14 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.minConsistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3689,6 +4020,11 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
         : isSet(object.page_token)
         ? globalThis.String(object.page_token)
         : "",
+      minConsistencyToken: isSet(object.minConsistencyToken)
+        ? globalThis.String(object.minConsistencyToken)
+        : isSet(object.min_consistency_token)
+        ? globalThis.String(object.min_consistency_token)
+        : "",
     };
   },
 
@@ -3709,6 +4045,9 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     if (message.pageToken !== "") {
       obj.pageToken = message.pageToken;
     }
+    if (message.minConsistencyToken !== "") {
+      obj.minConsistencyToken = message.minConsistencyToken;
+    }
     return obj;
   },
 
@@ -3722,6 +4061,7 @@ export const ListConflictsRequest: MessageFns<ListConflictsRequest> = {
     message.includeResolved = object.includeResolved ?? false;
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.minConsistencyToken = object.minConsistencyToken ?? "";
     return message;
   },
 };
@@ -4068,13 +4408,16 @@ export const DeleteEventRequest: MessageFns<DeleteEventRequest> = {
 };
 
 function createBaseDeleteEventResponse(): DeleteEventResponse {
-  return { deleted: undefined };
+  return { deleted: undefined, consistencyToken: "" };
 }
 
 export const DeleteEventResponse: MessageFns<DeleteEventResponse> = {
   encode(message: DeleteEventResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.deleted !== undefined) {
       DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -4100,6 +4443,14 @@ export const DeleteEventResponse: MessageFns<DeleteEventResponse> = {
             message.deleted = DeletedCounts.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4113,13 +4464,23 @@ export const DeleteEventResponse: MessageFns<DeleteEventResponse> = {
   },
 
   fromJSON(object: any): DeleteEventResponse {
-    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+    return {
+      deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: DeleteEventResponse): unknown {
     const obj: any = {};
     if (message.deleted !== undefined) {
       obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -4132,6 +4493,7 @@ export const DeleteEventResponse: MessageFns<DeleteEventResponse> = {
     message.deleted = (object.deleted !== undefined && object.deleted !== null)
       ? DeletedCounts.fromPartial(object.deleted)
       : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -4230,13 +4592,16 @@ export const DeleteSubjectRequest: MessageFns<DeleteSubjectRequest> = {
 };
 
 function createBaseDeleteSubjectResponse(): DeleteSubjectResponse {
-  return { deleted: undefined };
+  return { deleted: undefined, consistencyToken: "" };
 }
 
 export const DeleteSubjectResponse: MessageFns<DeleteSubjectResponse> = {
   encode(message: DeleteSubjectResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.deleted !== undefined) {
       DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -4262,6 +4627,14 @@ export const DeleteSubjectResponse: MessageFns<DeleteSubjectResponse> = {
             message.deleted = DeletedCounts.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4275,13 +4648,23 @@ export const DeleteSubjectResponse: MessageFns<DeleteSubjectResponse> = {
   },
 
   fromJSON(object: any): DeleteSubjectResponse {
-    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+    return {
+      deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: DeleteSubjectResponse): unknown {
     const obj: any = {};
     if (message.deleted !== undefined) {
       obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -4294,6 +4677,7 @@ export const DeleteSubjectResponse: MessageFns<DeleteSubjectResponse> = {
     message.deleted = (object.deleted !== undefined && object.deleted !== null)
       ? DeletedCounts.fromPartial(object.deleted)
       : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -4372,13 +4756,16 @@ export const DeleteProjectRequest: MessageFns<DeleteProjectRequest> = {
 };
 
 function createBaseDeleteProjectResponse(): DeleteProjectResponse {
-  return { deleted: undefined };
+  return { deleted: undefined, consistencyToken: "" };
 }
 
 export const DeleteProjectResponse: MessageFns<DeleteProjectResponse> = {
   encode(message: DeleteProjectResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.deleted !== undefined) {
       DeletedCounts.encode(message.deleted, writer.uint32(10).fork()).join();
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(18).string(message.consistencyToken);
     }
     return writer;
   },
@@ -4404,6 +4791,14 @@ export const DeleteProjectResponse: MessageFns<DeleteProjectResponse> = {
             message.deleted = DeletedCounts.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4417,13 +4812,23 @@ export const DeleteProjectResponse: MessageFns<DeleteProjectResponse> = {
   },
 
   fromJSON(object: any): DeleteProjectResponse {
-    return { deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined };
+    return {
+      deleted: isSet(object.deleted) ? DeletedCounts.fromJSON(object.deleted) : undefined,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
+    };
   },
 
   toJSON(message: DeleteProjectResponse): unknown {
     const obj: any = {};
     if (message.deleted !== undefined) {
       obj.deleted = DeletedCounts.toJSON(message.deleted);
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -4436,6 +4841,7 @@ export const DeleteProjectResponse: MessageFns<DeleteProjectResponse> = {
     message.deleted = (object.deleted !== undefined && object.deleted !== null)
       ? DeletedCounts.fromPartial(object.deleted)
       : undefined;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };

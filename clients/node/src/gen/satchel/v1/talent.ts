@@ -242,6 +242,12 @@ export interface UpsertTalentResponse {
     | undefined;
   /** True when the id was new; false when an existing talent was replaced. */
   created: boolean;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ListTalentsRequest asks for a page of the catalogue, or of a project's talents. */
@@ -296,6 +302,12 @@ export interface SetTalentActivationResponse {
   talentId: string;
   /** Whether the talent is now active on the project. */
   active: boolean;
+  /**
+   * The primary's WAL position once this write committed, opaque: pass it as
+   * `min_consistency_token` of a later read to see this write even where reads go to a
+   * replica (README "Running at scale", "Read replicas").
+   */
+  consistencyToken: string;
 }
 
 /** ResolveTalentsRequest asks which talents an agent receives for a task. */
@@ -1670,7 +1682,7 @@ export const UpsertTalentRequest: MessageFns<UpsertTalentRequest> = {
 };
 
 function createBaseUpsertTalentResponse(): UpsertTalentResponse {
-  return { talent: undefined, created: false };
+  return { talent: undefined, created: false, consistencyToken: "" };
 }
 
 export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
@@ -1680,6 +1692,9 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
     }
     if (message.created !== false) {
       writer.uint32(16).bool(message.created);
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(26).string(message.consistencyToken);
     }
     return writer;
   },
@@ -1713,6 +1728,14 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
             message.created = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1729,6 +1752,11 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
     return {
       talent: isSet(object.talent) ? Talent.fromJSON(object.talent) : undefined,
       created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
     };
   },
 
@@ -1739,6 +1767,9 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
     }
     if (message.created !== false) {
       obj.created = message.created;
+    }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
     }
     return obj;
   },
@@ -1752,6 +1783,7 @@ export const UpsertTalentResponse: MessageFns<UpsertTalentResponse> = {
       ? Talent.fromPartial(object.talent)
       : undefined;
     message.created = object.created ?? false;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
@@ -2108,7 +2140,7 @@ export const SetTalentActivationRequest: MessageFns<SetTalentActivationRequest> 
 };
 
 function createBaseSetTalentActivationResponse(): SetTalentActivationResponse {
-  return { projectId: "", talentId: "", active: false };
+  return { projectId: "", talentId: "", active: false, consistencyToken: "" };
 }
 
 export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse> = {
@@ -2121,6 +2153,9 @@ export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse
     }
     if (message.active !== false) {
       writer.uint32(24).bool(message.active);
+    }
+    if (message.consistencyToken !== "") {
+      writer.uint32(34).string(message.consistencyToken);
     }
     return writer;
   },
@@ -2162,6 +2197,14 @@ export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse
             message.active = reader.bool();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.consistencyToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2187,6 +2230,11 @@ export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse
         ? globalThis.String(object.talent_id)
         : "",
       active: isSet(object.active) ? globalThis.Boolean(object.active) : false,
+      consistencyToken: isSet(object.consistencyToken)
+        ? globalThis.String(object.consistencyToken)
+        : isSet(object.consistency_token)
+        ? globalThis.String(object.consistency_token)
+        : "",
     };
   },
 
@@ -2201,6 +2249,9 @@ export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse
     if (message.active !== false) {
       obj.active = message.active;
     }
+    if (message.consistencyToken !== "") {
+      obj.consistencyToken = message.consistencyToken;
+    }
     return obj;
   },
 
@@ -2212,6 +2263,7 @@ export const SetTalentActivationResponse: MessageFns<SetTalentActivationResponse
     message.projectId = object.projectId ?? "";
     message.talentId = object.talentId ?? "";
     message.active = object.active ?? false;
+    message.consistencyToken = object.consistencyToken ?? "";
     return message;
   },
 };
