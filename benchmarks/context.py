@@ -11,6 +11,16 @@ years, inserted oldest first as facts arrive, or in random order). Then prints f
 side by side in one run: the exact full-scan latency, the two-phase latency (p50/p90) and its
 top-10 agreement with the exact ranking for several settings, the query embedding alone, and
 whole AssembleContext calls over gRPC.
+
+    .venv/bin/python benchmarks/context.py --scopes 1000 --total 1000000 [--traces 100000]
+        [--queries 100] --conversation 0
+
+loads instead one project of many scopes of skewed sizes (the largest 100,000, 50,000 and
+20,000 facts, one of 0.1 % of the total, the others log-normal, mostly small), written
+interleaved and oldest first through one binary COPY, plus earlier calls' traces; then prints
+the load's facts/s, the tables' and indexes' sizes, and for the three largest scopes, the
+0.1 % one and the median one: exact vs two-phase retrieval and top-10 agreement, the rows the
+K-nearest scan visits under the scope filter, and whole calls over gRPC.
 """
 
 from __future__ import annotations
@@ -291,7 +301,7 @@ def percentile(values: list[float], q: float) -> float:
 def _row(label: str, times: list[float], tail: str = "") -> str:
     return (
         f"  {label:<44} p50 {percentile(times, 0.5):7.2f} ms"
-        f"   p90 {percentile(times, 0.9):7.2f} ms{tail}"
+        f"   p90 {percentile(times, 0.9):7.2f} ms   p95 {percentile(times, 0.95):7.2f} ms{tail}"
     )
 
 
@@ -309,11 +319,18 @@ GRID = [
 
 
 async def measure_sql(
-    dsn: str, settings: Settings, project: str, queries: list[tuple[str, np.ndarray]]
+    dsn: str,
+    settings: Settings,
+    project: str,
+    queries: list[tuple[str, np.ndarray]],
+    subject: str = "s",
+    grid: bool = True,
 ) -> None:
+    """Exact and two-phase retrieval of one scope: latency and top-10 agreement with the exact
+    ranking, for the default settings and (`grid`) the settings of GRID."""
     pool = create_pool(dsn, min_size=1, max_size=2, ef_search=settings.hnsw_ef_search)
     await pool.open(wait=True)
-    scope = store.Scope(project, "s", datetime.now(UTC), historical=False)
+    scope = store.Scope(project, subject, datetime.now(UTC), historical=False)
     defaults = settings.context
     async with pool.connection() as conn:
         # The searched words and the scope's size need no vector: a context call looks them up
@@ -354,9 +371,11 @@ async def measure_sql(
         exact_path = plans[0].scope_facts <= defaults.exact_scope_max
         if exact_path:
             await run(defaults, "default: exact path (a small scope)")
+        elif not grid:
+            await run(defaults, "default: two-phase")
         # Two phases (forced for a small scope), for scopes larger than the smallest window.
         larger = plans[0].scope_facts > min(window for _, window, _ in GRID)
-        for top_k, window, top_k_max in GRID if larger else ():
+        for top_k, window, top_k_max in GRID if larger and grid else ():
             cfg = replace(
                 defaults,
                 exact_scope_max=0,
@@ -375,7 +394,9 @@ async def measure_sql(
     await pool.close()
 
 
-async def measure_calls(settings: Settings, project: str, texts: list[str]) -> None:
+async def measure_calls(
+    settings: Settings, project: str, texts: list[str], subject: str = "s"
+) -> None:
     """Whole AssembleContext calls over gRPC vs the query embedding alone, interleaved."""
     import grpc
 
@@ -391,7 +412,7 @@ async def measure_calls(settings: Settings, project: str, texts: list[str]) -> N
             for text in texts[:5]:  # warm-up
                 await stub.AssembleContext(
                     context_pb2.AssembleContextRequest(
-                        project_id=project, subject_id="s", query=text
+                        project_id=project, subject_id=subject, query=text
                     )
                 )
             call_ms, embed_ms = [], []
@@ -402,7 +423,7 @@ async def measure_calls(settings: Settings, project: str, texts: list[str]) -> N
                 started = time.perf_counter()
                 await stub.AssembleContext(
                     context_pb2.AssembleContextRequest(
-                        project_id=project, subject_id="s", query=text
+                        project_id=project, subject_id=subject, query=text
                     )
                 )
                 call_ms.append((time.perf_counter() - started) * 1000)
@@ -411,6 +432,207 @@ async def measure_calls(settings: Settings, project: str, texts: list[str]) -> N
     ratio = statistics.median(call_ms) / statistics.median(embed_ms)
     print(_row("query embedding alone", embed_ms))
     print(_row("AssembleContext over gRPC", call_ms, f"   ratio to embedding {ratio:4.2f}x"))
+
+
+# --- many scopes in one project (issue 18: a million facts over a thousand scopes) --------
+
+LARGE_SCOPES = (100_000, 50_000, 20_000)
+COPY_CHUNK = 50_000
+
+
+def scope_sizes(scopes: int, total: int, rng: np.random.Generator) -> list[int]:
+    """Skewed scope sizes summing to `total`: the LARGE_SCOPES that fit in a fifth of it, one
+    scope of 0.1 % of it, and the others log-normal (most small, under 20,000)."""
+    large = [size for size in LARGE_SCOPES if size <= total // 5]
+    tenth = max(1, total // 1000)
+    count = scopes - len(large) - 1
+    remaining = total - sum(large) - tenth
+    weights = rng.lognormal(0.0, 1.3, count)
+    sizes = np.clip(np.floor(weights / weights.sum() * remaining), 1, 19_999).astype(int)
+    sizes[int(np.argmin(sizes))] += remaining - int(sizes.sum())
+    return [*large, tenth, *sizes.tolist()]
+
+
+def load_many_scopes(
+    dsn: str, project: str, sizes: list[int], parts: dict[str, np.ndarray], seed: int
+) -> dict[str, float]:
+    """Bulk-load the scopes' facts as tenants write them: interleaved, oldest first, one binary
+    COPY; then the word counts the write path keeps and the HNSW index, built once. Seconds of
+    each step."""
+    from pgvector.psycopg import register_vector
+    from psycopg.types.json import Jsonb
+
+    rng = np.random.default_rng(seed)
+    owners = np.repeat(np.arange(len(sizes)), sizes)
+    rng.shuffle(owners)
+    total = len(owners)
+    now = datetime.now(UTC)
+    ages = np.sort(rng.uniform(0.0, 730.0, total))[::-1]  # days; the oldest arrives first
+    seconds: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        register_vector(conn)
+        create_index = conn.execute(
+            "SELECT pg_get_indexdef('facts_embedding_hnsw'::regclass)"
+        ).fetchone()[0]
+        conn.execute("DROP INDEX facts_embedding_hnsw")
+        started = time.perf_counter()
+        value = Jsonb({"kind": "synthetic"})
+        with conn.cursor().copy(
+            "COPY facts (project_id, subject_id, predicate, value, statement, valid_from,"
+            " embedding, embedding_model) FROM STDIN WITH (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(
+                ["text", "text", "text", "jsonb", "text", "timestamptz", "vector", "text"]
+            )
+            for start in range(0, total, COPY_CHUNK):
+                chunk = owners[start : start + COPY_CHUNK]
+                n = len(chunk)
+                a, p, c = (
+                    rng.integers(len(parts[k]), size=n) for k in ("activity", "name", "city")
+                )
+                vectors = (
+                    0.75 * parts["activity"][a] + 0.45 * parts["name"][p] + 0.25 * parts["city"][c]
+                ) + rng.normal(0.0, 0.02, size=(n, parts["activity"].shape[1]))
+                vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(
+                    np.float32
+                )
+                for i in range(n):
+                    when = now - timedelta(days=float(ages[start + i]))
+                    statement = (
+                        f"{NAMES[p[i]]} {ACTIVITIES[a[i]]} in {CITIES[c[i]]} since {when:%B %Y}"
+                    )
+                    subject = f"scope-{int(chunk[i]):04d}"
+                    copy.write_row(
+                        (project, subject, "note", value, statement, when, vectors[i], "b")
+                    )
+        seconds["copy"] = time.perf_counter() - started
+        started = time.perf_counter()
+        ids = [r[0] for r in conn.execute("SELECT id FROM facts WHERE project_id = %s", (project,))]
+        for start in range(0, len(ids), 20_000):  # as the write path counts, batch by batch
+            batch = ids[start : start + 20_000]
+            conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (batch,))
+            conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"ids": batch})
+        seconds["word counts"] = time.perf_counter() - started
+        started = time.perf_counter()
+        conn.execute("SET maintenance_work_mem = '4GB'")
+        conn.execute(create_index)
+        seconds["HNSW index"] = time.perf_counter() - started
+        started = time.perf_counter()
+        conn.execute("VACUUM ANALYZE facts")
+        seconds["vacuum analyze"] = time.perf_counter() - started
+    return seconds
+
+
+def load_traces(dsn: str, project: str, subjects: list[str], calls: int, seed: int) -> float:
+    """Earlier context calls' traces (30 decisions each, over the past week); seconds."""
+    rng = random.Random(seed)
+    now = datetime.now(UTC)
+    started = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.cursor().copy(
+            "COPY context_calls (trace_id, project_id, subject_id, query, budget_tokens, status,"
+            " created_at, tokens_used, facts_served, total_ms) FROM STDIN WITH (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(
+                ["uuid", "text", "text", "text", "int4", "text", "timestamptz", "int4", "int4",
+                 "float8"]
+            )  # fmt: skip
+            made = []
+            for _ in range(calls):
+                trace_id, when = uuid.uuid4(), now - timedelta(days=rng.uniform(0, 7))
+                made.append((trace_id, when))
+                copy.write_row(
+                    (trace_id, project, rng.choice(subjects), "what did they do lately?", 900,
+                     "ok", when, 850, 8, 30.0)
+                )  # fmt: skip
+        with conn.cursor().copy(
+            "COPY context_traces (trace_id, created_at, sequence, candidate_id, candidate_kind,"
+            " outcome, reason_code, score, similarity, text_rank, recency, tokens, budget_used,"
+            " preview) FROM STDIN WITH (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(
+                ["uuid", "timestamptz", "int4", "uuid", "text", "text", "text", "float8",
+                 "float8", "float8", "float8", "int4", "int4", "text"]
+            )  # fmt: skip
+            for trace_id, when in made:
+                for sequence in range(30):
+                    copy.write_row(
+                        (trace_id, when, sequence, uuid.uuid4(), "fact", "included",
+                         "relevance", 0.5, 0.5, 0.1, 0.9, 28, 28 * (sequence + 1),
+                         "Caroline hikes trails in Lisbon")
+                    )  # fmt: skip
+        conn.execute("VACUUM ANALYZE context_calls, context_traces")
+    return time.perf_counter() - started
+
+
+def sizes_report(dsn: str) -> list[str]:
+    """The facts table, its indexes and the trace tables, by size."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_size_pretty(pg_relation_size(c.oid))"
+            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i')"
+            " AND (c.relname LIKE 'facts%%' OR c.relname LIKE 'context_%%')"
+            " AND pg_relation_size(c.oid) > 8192 ORDER BY pg_relation_size(c.oid) DESC"
+        ).fetchall()
+    return [f"  {name:<44} {size}" for name, size in rows]
+
+
+async def nearest_rows_visited(
+    dsn: str, settings: Settings, project: str, subject: str, vectors: list[np.ndarray]
+) -> tuple[str, float, float]:
+    """How PostgreSQL finds the scope's K nearest facts (phase 1's `by_vector`): the index it
+    scans (HNSW under the scope filter, or the scope's own index for a small scope) and the
+    rows it visits and keeps, means over the queries."""
+    from pgvector.psycopg import register_vector_async
+
+    visited, returned = 0.0, 0.0
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await register_vector_async(conn)
+        await conn.execute(f"SET hnsw.ef_search = {settings.hnsw_ef_search}")
+        await conn.execute("SET hnsw.iterative_scan = relaxed_order")
+        await conn.execute("SET enable_seqscan = off")
+        for vector in vectors:
+            cur = await conn.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) SELECT f.id FROM facts f"
+                " WHERE f.project_id = %s AND f.subject_id = %s AND f.status = 'active'"
+                " ORDER BY f.embedding <=> %s LIMIT %s",
+                (project, subject, vector, settings.context.retrieval_top_k),
+            )
+            plan = (await cur.fetchone())[0][0]["Plan"]
+            while "Index Name" not in plan:
+                plan = plan["Plans"][0]
+            rows = plan["Actual Rows"]
+            visited += rows + plan.get("Rows Removed by Filter", 0)
+            returned += rows
+    return plan["Index Name"], visited / len(vectors), returned / len(vectors)
+
+
+async def measure_many_scopes(
+    dsn: str,
+    settings: Settings,
+    project: str,
+    sizes: list[int],
+    queries: list[tuple[str, np.ndarray]],
+) -> None:
+    """Per chosen scope (the three largest, the 0.1 % one, the median one): exact vs two-phase
+    retrieval with top-10 agreement, the HNSW scan's rows visited, whole calls over gRPC."""
+    by_size = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    tenth = sizes.index(max(1, sum(sizes) // 1000))
+    chosen = [*reversed(by_size[-3:]), tenth, by_size[len(by_size) // 2]]
+    for index in chosen:
+        subject = f"scope-{index:04d}"
+        share = 100 * sizes[index] / sum(sizes)
+        print(
+            f"\n{subject}: {sizes[index]} facts ({share:.2f} % of the table),"
+            f" {len(queries)} queries"
+        )
+        await measure_sql(dsn, settings, project, queries, subject=subject, grid=False)
+        index, visited, kept = await nearest_rows_visited(
+            dsn, settings, project, subject, [v for _, v in queries[:20]]
+        )
+        print(f"  K nearest: {index} scan, {visited:.0f} rows visited, {kept:.0f} kept")
+        await measure_calls(settings, project, [t for t, _ in queries], subject=subject)
 
 
 def scratch_database(base_dsn: str) -> str:
@@ -431,6 +653,14 @@ def main() -> int:
     parser.add_argument(
         "--load-order", choices=("chronological", "random"), default="chronological"
     )
+    parser.add_argument(
+        "--scopes",
+        type=int,
+        default=0,
+        help="instead of --sizes: this many scopes of one project, skewed, holding --total facts",
+    )
+    parser.add_argument("--total", type=int, default=1_000_000)
+    parser.add_argument("--traces", type=int, default=100_000, help="earlier calls (--scopes)")
     args = parser.parse_args()
 
     from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
@@ -465,6 +695,24 @@ def main() -> int:
             f"satchel context benchmark, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d},"
             f" synthetic facts loaded {args.load_order}"
         )
+        if args.scopes:
+            sizes = scope_sizes(args.scopes, args.total, rng)
+            print(
+                f"{args.total} facts in one project over {len(sizes)} scopes: largest"
+                f" {sorted(sizes)[-3:]}, median {sorted(sizes)[len(sizes) // 2]}, smallest"
+                f" {min(sizes)}; {args.traces} earlier calls' traces"
+            )
+            seconds = load_many_scopes(dsn, "bench-scale", sizes, parts, args.seed)
+            loading = sum(seconds.values())
+            steps = ", ".join(f"{step} {value:.0f} s" for step, value in seconds.items())
+            print(f"bulk load: {args.total / loading:.0f} facts/s ({loading:.0f} s: {steps})")
+            subjects = [f"scope-{i:04d}" for i in range(len(sizes))]
+            traced = load_traces(dsn, "bench-scale", subjects, args.traces, 1)
+            print(f"traces loaded in {traced:.0f} s")
+            print("sizes:")
+            print("\n".join(sizes_report(dsn)))
+            asyncio.run(measure_many_scopes(dsn, settings, "bench-scale", sizes, queries))
+            return 0
         # Every scope is loaded first: they share one table, as tenants do.
         scopes = []
         if args.conversation:
