@@ -4,11 +4,12 @@
 collects them. After each packing pass it yields `PASS_END`: what was decided so far can be
 sent together, the next decisions wait for the database.
 
-Order of work: embed the query (while the searched terms are looked up); fetch
-scored fact candidates (two-phase) and episodes; pack (hybrid ranking: facts and episodes in
-one list; seed: the facts); if budget remains, one multi-hop pass over entities of the retained
-facts (full-text only, never gated); seed only: the episodes into what remains; persist the
-trace; the packet. What the packet already says is left out (`source_already_served`).
+Order of work: embed the query (meanwhile, the database to read is chosen, `reads.ReadRouter`,
+and the searched terms are looked up there); fetch scored fact candidates (two-phase) and
+episodes; pack (hybrid ranking: facts and episodes in one list; seed: the facts); if budget
+remains, one multi-hop pass over entities of the retained facts (full-text only, never gated);
+seed only: the episodes into what remains; persist the trace (on the primary); the packet.
+What the packet already says is left out (`source_already_served`).
 
 The multi-hop pass does not wait for the episodes: seed ranking knows its entities once the
 facts are packed; hybrid ranking starts it on the entities of the facts packed alone, and runs
