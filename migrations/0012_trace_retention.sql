@@ -5,7 +5,7 @@
 -- start and then on a schedule; an advisory lock lets one replica at a time do it.
 --
 -- The existing tables become the partition "legacy" of their new parents, unchanged (no copy):
--- it holds every call up to the end of the day after the migration ran, and is dropped with
+-- it holds every call up to the end of the day the migration ran (UTC), and is dropped with
 -- that day. A decision row now carries its call's `created_at` (the partition key);
 -- the decisions written before hold '-infinity', which the legacy partition covers.
 --
@@ -62,7 +62,7 @@ DROP INDEX context_calls_legacy_project;
 -- squawk-ignore ban-drop-constraint
 ALTER TABLE context_traces_legacy DROP CONSTRAINT context_traces_legacy_pkey;
 
--- The legacy partition ends with the day after today (UTC), or after its newest row.
+-- The legacy partition ends where tomorrow (UTC) starts, or after the day of its newest row.
 DO $$
 DECLARE
     ends timestamptz := greatest(

@@ -317,7 +317,7 @@ class SatchelServer:
             retention_days=self.settings.trace_retention_days,
             interval=self.settings.trace_maintenance_seconds,
         )
-        await self.retention.run_once()
+        await self.retention.try_once()
         self._retention_task = asyncio.create_task(self.retention.run(), name="trace-retention")
 
     async def _supervise_postgres(self) -> None:

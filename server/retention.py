@@ -44,11 +44,15 @@ class TraceRetention:
             )
         return done
 
+    async def try_once(self) -> None:
+        """One maintenance run; a failure is logged (the next run retries)."""
+        try:
+            await self.run_once()
+        except (psycopg.Error, PoolTimeout, OSError) as exc:
+            log.warning("trace_maintenance_failed", error=str(exc), retry_s=self.interval)
+
     async def run(self) -> None:
         """Run every `interval` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.run_once()
-            except (psycopg.Error, PoolTimeout, OSError) as exc:
-                log.warning("trace_maintenance_failed", error=str(exc), retry_s=self.interval)
+            await self.try_once()

@@ -174,7 +174,7 @@ def test_the_upgrade_keeps_the_traces_written_before(
     fresh_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A database migrated before 0012, with a trace in it: after 0012 the trace reads the same
-    and lives in the legacy partition, which ends with tomorrow."""
+    and lives in the legacy partition, which ends where tomorrow starts."""
     from satchel.server.storage import migrations
 
     before = tmp_path / "migrations"
