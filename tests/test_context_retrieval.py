@@ -18,6 +18,7 @@ from memory_helpers import stub as memory_stub
 from satchel.server import cli
 from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.storage import context as store
+from satchel.server.storage.pool import create_pool
 from satchel.v1 import memory_pb2
 
 PEOPLE = ["Caroline", "Melanie", "Jordan", "Priya", "Tomas", "Aiko"]
@@ -129,22 +130,33 @@ async def test_a_scope_hnsw_cannot_reach_is_scored_exactly(
     scope = store.Scope(project_id, "user-1", datetime.now(UTC), historical=False)
     query = "Who grows tomatoes?"
     vector = await runtime.embed_query(query)
-    async with runtime.pool.connection() as conn:
+    # A connection of its own: a pooled one may hold the statement prepared by an earlier
+    # test, with a generic plan made before the settings below (which then never apply).
+    pool = create_pool(
+        runtime.settings.database_url, min_size=1, max_size=1,
+        ef_search=runtime.settings.hnsw_ef_search,
+    )  # fmt: skip
+    await pool.open(wait=True)
+    async with pool.connection() as conn:
         plan = await store.plan_query(conn, scope, query, cfg)
         exact = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan, exact=True)
         # The HNSW scan (the planner's choice on a large table; sorting is the small test
-        # table's) gives up after a handful of tuples, as it does for a scope that is a tiny
-        # share of a large table: the vector source comes back short at every K, which bounds
-        # nothing, so the scope is scored fact by fact.
+        # table's) returns a single tuple, as a scan that gives up does for a scope that is a
+        # tiny share of a large table: the vector source comes back short at every K, which
+        # bounds nothing, so the scope is scored fact by fact. (Without iterative scans the
+        # scan returns at most ef_search tuples whatever the table holds; a cap on the tuples
+        # an iterative scan visits held only when the session's other tests had filled the
+        # table.)
         await conn.execute("SET enable_sort = off")
         await conn.execute("SET hnsw.ef_search = 1")
-        await conn.execute("SET hnsw.max_scan_tuples = 5")
+        await conn.execute("SET hnsw.iterative_scan = off")
         try:
             rows = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
         finally:
-            await conn.execute("RESET hnsw.max_scan_tuples")
+            await conn.execute("SET hnsw.iterative_scan = relaxed_order")
             await conn.execute(f"SET hnsw.ef_search = {runtime.settings.hnsw_ef_search}")
             await conn.execute("RESET enable_sort")
+    await pool.close()
     assert "window_rows" not in rows[0], "the exact statement served it"
     assert [r["id"] for r in rows] == [r["id"] for r in exact]
 
