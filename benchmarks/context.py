@@ -209,15 +209,32 @@ def synthetic_facts(
     return rows
 
 
+def drop_hnsw(conn: psycopg.Connection) -> str:
+    """Drop the facts' HNSW index before a bulk load; the statement that makes it again, exactly
+    as the migrations define it."""
+    create_index = conn.execute(
+        "SELECT pg_get_indexdef('facts_embedding_hnsw'::regclass)"
+    ).fetchone()[0]
+    conn.execute("DROP INDEX facts_embedding_hnsw")
+    return create_index
+
+
+def count_words(conn: psycopg.Connection, project: str, batch: int = 20_000) -> None:
+    """The word and lexeme counts the write path keeps, for a project's loaded facts, batch by
+    batch as the write path adds them."""
+    ids = [r[0] for r in conn.execute("SELECT id FROM facts WHERE project_id = %s", (project,))]
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (chunk,))
+        conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"ids": chunk})
+
+
 def load_scope(dsn: str, project: str, rows: list[tuple]) -> float:
     """COPY the facts in, count their words as the write path does, then build the HNSW index
     once (as a bulk load should); seconds."""
     started = time.perf_counter()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        # Rebuilt after the COPY exactly as the migrations define it.
-        index = "SELECT pg_get_indexdef('facts_embedding_hnsw'::regclass)"
-        create_index = conn.execute(index).fetchone()[0]
-        conn.execute("DROP INDEX facts_embedding_hnsw")
+        create_index = drop_hnsw(conn)
         with conn.cursor().copy(
             "COPY facts (project_id, subject_id, predicate, value, statement, valid_from,"
             " embedding, embedding_model) FROM STDIN"
@@ -227,10 +244,7 @@ def load_scope(dsn: str, project: str, rows: list[tuple]) -> float:
                 copy.write_row(
                     (project, "s", "note", '{"kind": "synthetic"}', statement, when, literal, "b")
                 )
-        ids = conn.execute("SELECT array_agg(id) FROM facts WHERE project_id = %s", (project,))
-        (fact_ids,) = ids.fetchone()
-        conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (fact_ids,))
-        conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"ids": fact_ids})
+        count_words(conn, project)
         conn.execute("SET maintenance_work_mem = '1GB'")
         conn.execute(create_index)
         conn.execute("VACUUM ANALYZE facts")
@@ -471,10 +485,7 @@ def load_many_scopes(
     seconds: dict[str, float] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         register_vector(conn)
-        create_index = conn.execute(
-            "SELECT pg_get_indexdef('facts_embedding_hnsw'::regclass)"
-        ).fetchone()[0]
-        conn.execute("DROP INDEX facts_embedding_hnsw")
+        create_index = drop_hnsw(conn)
         started = time.perf_counter()
         value = Jsonb({"kind": "synthetic"})
         with conn.cursor().copy(
@@ -507,11 +518,7 @@ def load_many_scopes(
                     )
         seconds["copy"] = time.perf_counter() - started
         started = time.perf_counter()
-        ids = [r[0] for r in conn.execute("SELECT id FROM facts WHERE project_id = %s", (project,))]
-        for start in range(0, len(ids), 20_000):  # as the write path counts, batch by batch
-            batch = ids[start : start + 20_000]
-            conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (batch,))
-            conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"ids": batch})
+        count_words(conn, project)
         seconds["word counts"] = time.perf_counter() - started
         started = time.perf_counter()
         conn.execute("SET maintenance_work_mem = '4GB'")

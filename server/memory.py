@@ -419,8 +419,7 @@ async def list_facts(
         )
         return rows, instant
 
-    reads = runtime.reads
-    return await reads.run(await reads.choose(min_consistency_token), read)
+    return await runtime.reads.read(read, token=min_consistency_token)
 
 
 async def list_events(
@@ -449,8 +448,7 @@ async def list_events(
         )
         return rows, instant
 
-    reads = runtime.reads
-    return await reads.run(await reads.choose(min_consistency_token), read)
+    return await runtime.reads.read(read, token=min_consistency_token)
 
 
 async def list_conflicts(
@@ -480,8 +478,7 @@ async def list_conflicts(
         )
         return rows, instant
 
-    reads = runtime.reads
-    return await reads.run(await reads.choose(min_consistency_token), read)
+    return await runtime.reads.read(read, token=min_consistency_token)
 
 
 async def delete_event(runtime: Runtime, project_id: str, event_id: uuid.UUID) -> store.Deleted:

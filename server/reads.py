@@ -106,6 +106,12 @@ class ReadRouter:
         pool = self.primary.planned if planned else self.primary.pool
         return await _on(pool, statement, args, kwargs)
 
+    async def read(
+        self, statement: Callable[..., Awaitable[T]], *args: Any, token: str = "", **kwargs: Any
+    ) -> T:
+        """`statement(conn, *args, **kwargs)` where `choose(token)` says, in one go."""
+        return await self.run(await self.choose(token), statement, *args, **kwargs)
+
     async def consistency_token(self) -> str:
         """The token of every write committed so far: the primary's WAL position."""
         return await self.run(self.primary, write_position)

@@ -287,8 +287,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         violations = Violations()
         check_id(violations, "project_id", request.project_id)
         violations.raise_if_any()
-        reads = self._runtime().reads
-        row = await reads.run(await reads.choose(), store.stats_overview, request.project_id)
+        row = await self._runtime().reads.read(store.stats_overview, request.project_id)
         calls = int(row["context_calls"])
         rate = row["calls_serving_facts"] / calls if calls else 0.0
         return pb.GetStatsOverviewResponse(
