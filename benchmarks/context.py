@@ -20,7 +20,11 @@ loads instead one project of many scopes of skewed sizes (the largest 100,000, 5
 interleaved and oldest first through one binary COPY, plus earlier calls' traces; then prints
 the load's facts/s, the tables' and indexes' sizes, and for the three largest scopes, the
 0.1 % one and the median one: exact vs two-phase retrieval and top-10 agreement, the rows the
-K-nearest scan visits under the scope filter, and whole calls over gRPC.
+K-nearest scan visits under the scope filter, and whole calls over gRPC. It measures them
+twice, side by side: with the global HNSW index only (before), then after the scope index
+maintenance has given each scope above SATCHEL_EXACT_SCOPE_MAX its own (server/scope_indexes.py,
+timed). `--reuse DSN` measures a database such a run loaded (its scope indexes dropped first)
+instead of loading one.
 """
 
 from __future__ import annotations
@@ -642,6 +646,53 @@ async def measure_many_scopes(
         await measure_calls(settings, project, [t for t, _ in queries], subject=subject)
 
 
+def loaded_sizes(dsn: str, project: str) -> list[int]:
+    """The scope sizes of a database an earlier `--scopes` run loaded (scope-NNNN subjects)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT subject_id, count(*) FROM facts WHERE project_id = %s GROUP BY subject_id",
+            (project,),
+        ).fetchall()
+    sizes = [0] * len(rows)
+    for subject, count in rows:
+        sizes[int(subject.removeprefix("scope-"))] = count
+    return sizes
+
+
+async def drop_scope_indexes(dsn: str) -> int:
+    """Drop every scope index (the state before the maintenance); how many there were."""
+    from satchel.server.storage import scope_indexes as index_store
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        scopes = list(await index_store.registry(conn))
+        for scope in scopes:
+            await index_store.drop(conn, scope)
+    return len(scopes)
+
+
+async def build_scope_indexes(dsn: str, settings: Settings) -> None:
+    """One scope index maintenance run, as a server makes it; prints what it built."""
+    from satchel.server.scope_indexes import ScopeIndexes
+
+    started = time.perf_counter()
+    outcome = await ScopeIndexes.from_settings(settings, dsn).run_once()
+    seconds = time.perf_counter() - started
+    built = sorted(outcome.built.items(), key=lambda item: -item[1])
+    print(
+        f"\nscope index maintenance: {len(built)} scopes above {settings.context.exact_scope_max}"
+        f" facts indexed in {seconds:.0f} s ("
+        + ", ".join(f"{subject} {took:.0f} s" for (_, subject), took in built[:4])
+        + ", ...)"
+    )
+    with psycopg.connect(dsn) as conn:
+        total, largest = conn.execute(
+            "SELECT pg_size_pretty(sum(pg_relation_size(c.oid))),"
+            " pg_size_pretty(max(pg_relation_size(c.oid)) FILTER (WHERE c.relname LIKE '%_hnsw'))"
+            " FROM scope_indexes r JOIN pg_class c ON c.relname LIKE r.index_prefix || '\\_%'"
+        ).fetchone()
+    print(f"scope indexes: {total} in all, the largest HNSW {largest}")
+
+
 def scratch_database(base_dsn: str) -> str:
     name = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(base_dsn, autocommit=True) as conn:
@@ -668,6 +719,7 @@ def main() -> int:
     )
     parser.add_argument("--total", type=int, default=1_000_000)
     parser.add_argument("--traces", type=int, default=100_000, help="earlier calls (--scopes)")
+    parser.add_argument("--reuse", metavar="DSN", help="--scopes: measure this loaded database")
     args = parser.parse_args()
 
     from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
@@ -684,9 +736,11 @@ def main() -> int:
         embedded = EmbeddedPostgres(work)
         base_dsn = embedded.start()
     try:
-        dsn = scratch_database(base_dsn)
+        dsn = args.reuse or scratch_database(base_dsn)
         apply_migrations(dsn)
-        settings = replace(Settings.from_env(), database_url=dsn, data_dir=work)
+        # The servers measured here never maintain scope indexes: this script does, once.
+        maintained = replace(Settings.from_env(), database_url=dsn, data_dir=work)
+        settings = replace(maintained, scope_index_max=0)
         embedder = FastEmbedEmbedder(cache_dir=work / "cache")
         rng = np.random.default_rng(args.seed)
         parts = {
@@ -703,21 +757,30 @@ def main() -> int:
             f" synthetic facts loaded {args.load_order}"
         )
         if args.scopes:
-            sizes = scope_sizes(args.scopes, args.total, rng)
-            print(
-                f"{args.total} facts in one project over {len(sizes)} scopes: largest"
-                f" {sorted(sizes)[-3:]}, median {sorted(sizes)[len(sizes) // 2]}, smallest"
-                f" {min(sizes)}; {args.traces} earlier calls' traces"
-            )
-            seconds = load_many_scopes(dsn, "bench-scale", sizes, parts, args.seed)
-            loading = sum(seconds.values())
-            steps = ", ".join(f"{step} {value:.0f} s" for step, value in seconds.items())
-            print(f"bulk load: {args.total / loading:.0f} facts/s ({loading:.0f} s: {steps})")
-            subjects = [f"scope-{i:04d}" for i in range(len(sizes))]
-            traced = load_traces(dsn, "bench-scale", subjects, args.traces, 1)
-            print(f"traces loaded in {traced:.0f} s")
+            if args.reuse:
+                sizes = loaded_sizes(dsn, "bench-scale")
+                dropped = asyncio.run(drop_scope_indexes(dsn))
+                print(f"reusing {len(sizes)} loaded scopes, {dropped} scope indexes dropped")
+            else:
+                sizes = scope_sizes(args.scopes, args.total, rng)
+                print(
+                    f"{args.total} facts in one project over {len(sizes)} scopes: largest"
+                    f" {sorted(sizes)[-3:]}, median {sorted(sizes)[len(sizes) // 2]}, smallest"
+                    f" {min(sizes)}; {args.traces} earlier calls' traces"
+                )
+                seconds = load_many_scopes(dsn, "bench-scale", sizes, parts, args.seed)
+                loading = sum(seconds.values())
+                steps = ", ".join(f"{step} {value:.0f} s" for step, value in seconds.items())
+                print(f"bulk load: {args.total / loading:.0f} facts/s ({loading:.0f} s: {steps})")
+                subjects = [f"scope-{i:04d}" for i in range(len(sizes))]
+                traced = load_traces(dsn, "bench-scale", subjects, args.traces, 1)
+                print(f"traces loaded in {traced:.0f} s")
             print("sizes:")
             print("\n".join(sizes_report(dsn)))
+            print("\n=== before: the global HNSW index only ===")
+            asyncio.run(measure_many_scopes(dsn, settings, "bench-scale", sizes, queries))
+            asyncio.run(build_scope_indexes(dsn, maintained))
+            print("\n=== after: each scope above the exact cut has its own index ===")
             asyncio.run(measure_many_scopes(dsn, settings, "bench-scale", sizes, queries))
             return 0
         # Every scope is loaded first: they share one table, as tenants do.

@@ -25,6 +25,7 @@ from satchel.server.probe import DatabaseProbe
 from satchel.server.reads import ReadTarget
 from satchel.server.retention import TraceRetention
 from satchel.server.runtime import Runtime, RuntimeRef
+from satchel.server.scope_indexes import ScopeIndexes
 from satchel.server.storage import keys as key_store
 from satchel.server.storage.embedded import EmbeddedPostgres
 from satchel.server.storage.migrations import (
@@ -113,6 +114,8 @@ class SatchelServer:
         self._supervisor: asyncio.Task[None] | None = None
         self.retention: TraceRetention | None = None
         self._retention_task: asyncio.Task[None] | None = None
+        self.scope_indexes: ScopeIndexes | None = None
+        self._scope_index_task: asyncio.Task[None] | None = None
         self.postgres_restarts = 0
         self.keys = (
             KeyCache(self._lookup_key, settings.auth_cache_seconds)
@@ -308,7 +311,8 @@ class SatchelServer:
         self._probe_task = asyncio.create_task(self.probe.run(), name="database-probe")
 
     async def _start_retention(self) -> None:
-        """The trace maintenance: a first run before serving, then on its schedule."""
+        """The trace maintenance (a first run before serving, then on its schedule) and the scope
+        index maintenance."""
         runtime = self.runtime.value
         if runtime is None:
             return
@@ -319,6 +323,13 @@ class SatchelServer:
         )
         await self.retention.try_once()
         self._retention_task = asyncio.create_task(self.retention.run(), name="trace-retention")
+        if self.settings.scope_index_max > 0:
+            # In the background: a large scope's first build may take minutes, and until its
+            # index is ready the scope is served by the global one.
+            self.scope_indexes = ScopeIndexes.from_settings(self.settings, self._dsn)
+            self._scope_index_task = asyncio.create_task(
+                self.scope_indexes.run(), name="scope-indexes"
+            )
 
     async def _supervise_postgres(self) -> None:
         """While the database is down, start the embedded PostgreSQL again whenever its
@@ -353,11 +364,13 @@ class SatchelServer:
 
     async def stop(self) -> None:
         """Refuse new calls, let in-flight ones finish within the grace period, release all."""
-        for task in (self._probe_task, self._supervisor, self._retention_task):
+        tasks = (self._probe_task, self._supervisor, self._retention_task, self._scope_index_task)
+        for task in tasks:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._probe_task = self._supervisor = self._retention_task = None
+        self._scope_index_task = None
         await self.health.enter_graceful_shutdown()
         if self.runtime.value is not None and self.runtime.value.traces is not None:
             # Watch streams never end on their own: end them now (UNAVAILABLE, watch again

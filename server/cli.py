@@ -73,6 +73,39 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_index_scopes(args: argparse.Namespace, settings: Settings) -> int:
+    """Run the scope index maintenance once, now (after a bulk load, say): what a server does
+    at start and then every SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS."""
+    import psycopg
+
+    from satchel.server.scope_indexes import ScopeIndexes
+    from satchel.server.storage.embedded import EmbeddedPostgres
+
+    embedded = None
+    dsn = settings.database_url
+    if not dsn:
+        settings.require_embedded_database()
+        embedded = EmbeddedPostgres(settings.data_dir)
+        dsn = embedded.start()
+    try:
+        outcome = asyncio.run(ScopeIndexes.from_settings(settings, dsn).run_once())
+    except psycopg.errors.UndefinedTable:
+        print("the database is not migrated: run `satchel migrate` first", file=sys.stderr)
+        return 2
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    if not outcome.locked:
+        print("another server is maintaining the scope indexes: nothing done")
+        return 1
+    for (project, subject), seconds in outcome.built.items():
+        print(f"built   {project}/{subject} in {seconds:.1f} s")
+    for project, subject in outcome.dropped:
+        print(f"dropped {project}/{subject}")
+    print(f"{len(outcome.built)} built, {len(outcome.dropped)} dropped")
+    return 0
+
+
 def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0 when the server at --address (default: SATCHEL_ADDRESS, else SATCHEL_LISTEN)
     reports SERVING for --service (default: overall readiness; for container health checks)."""
@@ -134,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(commands)
     commands.add_parser("serve", help="run the gRPC server").set_defaults(func=cmd_serve)
     commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
+    commands.add_parser(
+        "index-scopes", help="build and drop the large scopes' own vector indexes now"
+    ).set_defaults(func=cmd_index_scopes)
     check = commands.add_parser("healthcheck", help="exit 0 when the server is SERVING")
     check.add_argument(
         "--address",

@@ -52,6 +52,11 @@ class ContextSettings:
     newest_window: int = 3584
     newest_top_k: int = 64
     retrieval_top_k_max: int = 1024
+    # Phase 1's K for a scope served by indexes of its own (README "Large scopes"): its own
+    # graph is walked less widely than the global one under a filter, and a K this large keeps
+    # its top-10 exact on near-duplicate facts (benchmarks/context.md). Taken within
+    # [retrieval_top_k, retrieval_top_k_max].
+    scope_index_top_k: int = 512
     # A query word found in more facts of the scope than this is too common to rank by.
     text_term_max_facts: int = 1024
     exact_top_n: int = 10
@@ -201,6 +206,14 @@ class Settings:
     # then every `trace_maintenance_seconds` (one replica at a time).
     trace_retention_days: int = 7
     trace_maintenance_seconds: float = 3600.0
+    # Scope vector indexes (README "Large scopes"): a scope with more active facts than
+    # SATCHEL_EXACT_SCOPE_MAX gets an HNSW index of its own, kept down to half of that; at most
+    # `scope_index_max` scopes, the largest (0: none). Built by a maintenance run as the server
+    # starts, then every `scope_index_maintenance_seconds` (one replica at a time), with this
+    # much maintenance_work_mem (a 100,000-fact scope's graph needs ~200 MB to build in memory).
+    scope_index_max: int = 64
+    scope_index_maintenance_seconds: float = 600.0
+    scope_index_build_memory_mb: int = 512
     log_level: str = "info"
     log_format: str = "json"
     # Prometheus metrics endpoint (host:port); empty: off.
@@ -239,6 +252,7 @@ class Settings:
                 c.retrieval_top_k_max >= c.retrieval_top_k,
                 "SATCHEL_RETRIEVAL_TOP_K_MAX must be at least SATCHEL_RETRIEVAL_TOP_K",
             ),
+            (c.scope_index_top_k > 0, "SATCHEL_SCOPE_INDEX_TOP_K must be positive"),
             (c.exact_top_n >= 0, "SATCHEL_EXACT_TOP_N must not be negative"),
             (c.episode_top_k >= 0, "SATCHEL_EPISODE_TOP_K must not be negative"),
             (
@@ -318,6 +332,15 @@ class Settings:
             (
                 self.trace_maintenance_seconds > 0,
                 "SATCHEL_TRACE_MAINTENANCE_SECONDS must be positive",
+            ),
+            (self.scope_index_max >= 0, "SATCHEL_SCOPE_INDEX_MAX must not be negative"),
+            (
+                self.scope_index_maintenance_seconds > 0,
+                "SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS must be positive",
+            ),
+            (
+                64 <= self.scope_index_build_memory_mb <= 1_048_576,
+                "SATCHEL_SCOPE_INDEX_BUILD_MEMORY_MB must be in [64, 1048576]",
             ),
             (
                 0 <= self.max_connection_age_seconds < 1e9,

@@ -56,7 +56,15 @@ def embedder(test_root: Path):
 @pytest.fixture(scope="session")
 def settings(pg_dsn: str, test_root: Path) -> Settings:
     base = Settings.from_env({})
-    return replace(base, database_url=pg_dsn, data_dir=test_root / "data", listen="127.0.0.1:0")
+    # Scope index maintenance would index the scopes of every test that lowers the exact cut,
+    # in the shared database: it is tested on databases of its own (test_scope_indexes.py).
+    return replace(
+        base,
+        database_url=pg_dsn,
+        data_dir=test_root / "data",
+        listen="127.0.0.1:0",
+        scope_index_max=0,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -495,7 +495,8 @@ async def _plans_after_two_calls(
     for name, statements in [
         ("exact facts", store_context.EXACT_SQL),
         ("episodes", store_context.HYBRID_EPISODES_SQL),
-        ("multi-hop", store_context.MULTI_HOP_SQL),
+        ("multi-hop", store_context.MULTI_HOP_SCAN_SQL),  # a scope within the exact cut
+        ("large multi-hop", store_context.MULTI_HOP_SQL),
     ]:
         texts = {s.text for s in statements.values()}
         found = [(generic, custom) for text, generic, custom in prepared if text in texts]
@@ -514,7 +515,7 @@ async def test_context_statements_are_planned_once_per_connection(
     call's values, 2 to 4 ms a call. On a planned pool its connections hold the settings for
     their session; on the main pool a transaction sets them for the statement and the
     connection keeps PostgreSQL's defaults. Beyond `exact_scope_max`, the multi-hop statement
-    is planned for each call's values, even on a planned connection."""
+    (its text-index variant) is planned for each call's values, even on a planned connection."""
     from memory_helpers import event_request, fact_request
     from memory_helpers import stub as memory_stub
 
@@ -540,6 +541,6 @@ async def test_context_statements_are_planned_once_per_connection(
     large = replace(settings, context=replace(settings.context, exact_scope_max=2))
     modes, plans = await _plans_after_two_calls(large, embedder, project_id, planned=planned)
     assert modes == expected  # what a statement set for itself did not outlive it
-    generic, custom = plans["multi-hop"]
+    generic, custom = plans["large multi-hop"]
     assert generic == 0 and custom >= 2, plans
     assert plans["episodes"][1] == 0, plans  # the episodes still run their generic plan

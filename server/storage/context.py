@@ -48,8 +48,10 @@ class Scope:
 
 @dataclass(frozen=True)
 class QueryPlan:
-    """What a context call knows before its query is embedded: the searched words, and the
-    scope's active facts (counted up to one more than `exact_scope_max`).
+    """What a context call knows before its query is embedded: the searched words, the
+    scope's active facts (counted up to one more than `exact_scope_max`), and whether the scope
+    has indexes of its own (migration 0013), which its statements must be planned for
+    its values to use.
 
     Hybrid ranking only: `terms` are stemmed lexemes with their BM25 `idfs` and `avg_tokens`
     the scope's average document length (facts and events alike).
@@ -59,6 +61,7 @@ class QueryPlan:
     scope_facts: int
     idfs: list[float] = field(default_factory=list)
     avg_tokens: float = 1.0
+    scope_indexed: bool = False
 
 
 # Facts visible at %(at)s. "now" uses the partial indexes on active facts; as_of reads history.
@@ -209,6 +212,10 @@ _SCOPE_FACTS = """(SELECT count(*) FROM (
       AND f.status = 'active'
     LIMIT %(exact_scope_max)s + 1
 ) scope)"""
+_SCOPE_INDEXED = """EXISTS (
+    SELECT 1 FROM scope_indexes v
+    WHERE v.project_id = %(project_id)s AND v.subject_id = %(subject_id)s AND v.state = 'ready'
+)"""
 _PLAN_SQL = f"""
 SELECT ARRAY(
     SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
@@ -217,7 +224,8 @@ SELECT ARRAY(
     WHERE coalesce(c.facts, 0) <= %(term_max_facts)s
     ORDER BY t.position
 ) AS terms,
-{_SCOPE_FACTS} AS scope_facts
+{_SCOPE_FACTS} AS scope_facts,
+{_SCOPE_INDEXED} AS scope_indexed
 """
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
@@ -309,14 +317,13 @@ SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS
 FROM scored {join_restated} CROSS JOIN bounds ORDER BY score DESC, id
 """
 
-# Multi-hop: per entity, the facts mentioning it (GIN) that lie nearest to the query (the
-# query's vector is reused: no new embedding), then the usual scoring of those few. An entity
-# found in very many facts is searched among its first `hop_scan_limit` matches only, which
-# bounds the cost of a common name (a documented trade-off, like phase 1's K).
-_MULTI_HOP_SQL = """
-WITH q AS MATERIALIZED ({text_query}),
-text_full AS ({given_text_full}),
-hop AS (
+# Multi-hop: per entity, the facts mentioning it that lie nearest to the query (the query's
+# vector is reused: no new embedding), then the usual scoring of those few. An entity found in
+# very many facts is searched among its first `hop_scan_limit` matches only, which bounds the
+# cost of a common name (a documented trade-off, like phase 1's K). A large scope finds the
+# mentions through the text index (GIN: the scope's own when it has one); a small one reads its
+# facts' words once through the scope index, so a name common in other scopes costs it nothing.
+_HOP_BY_INDEX = """hop AS (
     SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
     CROSS JOIN LATERAL (
         SELECT m.id FROM (
@@ -328,7 +335,26 @@ hop AS (
         ) m
         ORDER BY m.embedding <=> %(vector)s LIMIT %(per_entity)s
     ) h
+)"""
+_HOP_BY_SCAN = """scope_words AS MATERIALIZED (
+    SELECT f.id, f.search_vector FROM facts f
+    WHERE {visible} AND NOT (f.id = ANY(%(exclude)s::uuid[]))
 ),
+hop AS (
+    SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
+    CROSS JOIN LATERAL (
+        SELECT m.id FROM (
+            SELECT w.id FROM scope_words w
+            WHERE w.search_vector @@ plainto_tsquery('simple', e.entity)
+            LIMIT %(hop_scan_limit)s
+        ) m JOIN facts f USING (id)
+        ORDER BY f.embedding <=> %(vector)s LIMIT %(per_entity)s
+    ) h
+)"""
+_MULTI_HOP_SQL = """
+WITH q AS MATERIALIZED ({text_query}),
+text_full AS ({given_text_full}),
+{hop},
 scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q),
 {restated}
 SELECT scored.*, {score} AS score, {restates} AS restates
@@ -490,7 +516,8 @@ terms AS (
 SELECT coalesce(array_agg(lexeme ORDER BY position), '{{}}') AS terms,
        coalesce(array_agg(idf ORDER BY position), '{{}}') AS idfs,
        (SELECT greatest(tokens::float8 / greatest(documents, 1), 1.0) FROM sizes) AS avg_tokens,
-       {_SCOPE_FACTS} AS scope_facts
+       {_SCOPE_FACTS} AS scope_facts,
+       {_SCOPE_INDEXED} AS scope_indexed
 FROM terms
 """
 
@@ -534,7 +561,8 @@ def _render(template: str) -> dict[tuple[str, bool], Statement]:
 
 EXACT_SQL = _render(_EXACT_SQL)
 CANDIDATES_SQL = _render(_CANDIDATES_SQL)
-MULTI_HOP_SQL = _render(_MULTI_HOP_SQL)
+MULTI_HOP_SQL = _render(_MULTI_HOP_SQL.replace("{hop}", _HOP_BY_INDEX))
+MULTI_HOP_SCAN_SQL = _render(_MULTI_HOP_SQL.replace("{hop}", _HOP_BY_SCAN))
 EPISODES_SQL = _render(_EPISODES_SQL)
 HYBRID_EPISODES_SQL = _render(_HYBRID_EPISODES_SQL)
 
@@ -613,11 +641,12 @@ async def plan_query(
             scope_facts=int(row["scope_facts"]),
             idfs=[float(x) for x in row["idfs"]],
             avg_tokens=float(row["avg_tokens"]),
+            scope_indexed=bool(row["scope_indexed"]),
         )
     params["terms"] = query_terms(query)
     cur = await conn.execute(_PLAN_SQL, params)
-    terms, scope_facts = await cur.fetchone()  # type: ignore[misc]
-    return QueryPlan(list(terms), int(scope_facts))
+    terms, scope_facts, scope_indexed = await cur.fetchone()  # type: ignore[misc]
+    return QueryPlan(list(terms), int(scope_facts), scope_indexed=bool(scope_indexed))
 
 
 def source_report(row: dict[str, Any], params: dict[str, Any]) -> SourceReport:
@@ -663,13 +692,20 @@ async def fetch_fact_candidates(
     Exact for a scope of at most `exact_scope_max` active facts, or when asked (the reference
     ranking). Otherwise two-phase: while a fact phase 1 left out could still enter the top
     `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a
-    scope where HNSW cannot find K facts at K max is scored exactly.
+    scope where HNSW cannot find K facts at K max is scored exactly. A scope with indexes of
+    its own (scope_indexes.py) starts at K = `scope_index_top_k`, planned for each call's
+    values: a generic plan cannot use a partial index, and would walk the global HNSW graph.
     """
     params = _params(scope, vector, cfg, plan)
     variant = (cfg.ranking, scope.historical)
-    async with generic_plans(conn):
-        if exact or plan.scope_facts <= cfg.exact_scope_max:
+    if exact or plan.scope_facts <= cfg.exact_scope_max:
+        async with generic_plans(conn):
             return await fetch_all(conn, EXACT_SQL[variant], params)
+    if not plan.scope_indexed or scope.historical:  # history is not in a scope's indexes
+        async with generic_plans(conn):
+            return await _two_phase(conn, params, cfg, variant)
+    params["top_k"] = min(max(cfg.scope_index_top_k, cfg.retrieval_top_k), cfg.retrieval_top_k_max)
+    async with per_call_plans(conn):
         return await _two_phase(conn, params, cfg, variant)
 
 
@@ -711,19 +747,22 @@ async def fetch_multi_hop(
     """Facts sharing an entity with the retained ones (no new embedding), best first; hybrid
     text ranks are divided by the candidates' `text_full` (their best BM25).
 
-    A scope scored exactly (at most `exact_scope_max` facts) runs the statement's generic plan
-    (`generic_plans`: 4.9 → 2.2 ms on LoCoMo); a larger one plans it for each call's values,
-    which its generic plan would not suit (a 100,000-fact scope's call 40 → 60 ms).
+    A scope scored exactly (at most `exact_scope_max` facts) scans its own facts' words, with
+    the statement's generic plan (`generic_plans`: 4.9 → 2.2 ms on LoCoMo); a larger one looks
+    the entities up in the text index, planned for each call's values, which its generic plan
+    would not suit (a 100,000-fact scope's call 40 → 60 ms) and which a scope index needs.
     """
     params = _params(scope, vector, cfg, plan)
     if text_full is not None and cfg.ranking == "hybrid":
         params["text_rank_full"] = text_full
     params["entities"] = list(entities)
     params["exclude"] = list(exclude_ids)
-    statement = MULTI_HOP_SQL[(cfg.ranking, scope.historical)]
-    plans = generic_plans if plan.scope_facts <= cfg.exact_scope_max else per_call_plans
-    async with plans(conn):
-        return await fetch_all(conn, statement, params)
+    variant = (cfg.ranking, scope.historical)
+    if plan.scope_facts <= cfg.exact_scope_max:
+        async with generic_plans(conn):
+            return await fetch_all(conn, MULTI_HOP_SCAN_SQL[variant], params)
+    async with per_call_plans(conn):
+        return await fetch_all(conn, MULTI_HOP_SQL[variant], params)
 
 
 async def fetch_episodes(

@@ -72,6 +72,10 @@ def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str)
         ("SATCHEL_RECENCY_TAU_DAYS", "inf", "SATCHEL_RECENCY_TAU_DAYS='inf' is not a valid finite"),
         ("SATCHEL_TRACE_RETENTION_DAYS", "-1", "SATCHEL_TRACE_RETENTION_DAYS must not be negative"),
         ("SATCHEL_TRACE_MAINTENANCE_SECONDS", "0", "SATCHEL_TRACE_MAINTENANCE_SECONDS must be"),
+        ("SATCHEL_SCOPE_INDEX_MAX", "-1", "SATCHEL_SCOPE_INDEX_MAX must not be negative"),
+        ("SATCHEL_SCOPE_INDEX_TOP_K", "0", "SATCHEL_SCOPE_INDEX_TOP_K must be positive"),
+        ("SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS", "0", "SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS"),
+        ("SATCHEL_SCOPE_INDEX_BUILD_MEMORY_MB", "8", "SATCHEL_SCOPE_INDEX_BUILD_MEMORY_MB must be"),
     ],
 )
 def test_bad_values_stop_the_server_naming_the_variable(name: str, raw: str, message: str) -> None:

@@ -1,0 +1,118 @@
+"""Scope vector indexes, maintained by the server itself: a first run as it starts serving,
+then every `interval` seconds (or once, `satchel index-scopes`).
+
+A run reads the sizes of the scopes that may qualify, decides which scopes get or lose an index
+of their own (domain/scope_indexes.py), drops, then builds, largest first, each concurrently
+(writes go on; a 100,000-fact scope among a million facts builds in ~100 s). It also rebuilds an
+index whose earlier build died. Runs hold a session advisory lock: one server at a time, the
+others skip. A failed run is logged and retried at the next interval; meanwhile a scope without
+its index is served by the global one, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import psycopg
+import structlog
+
+from satchel.server.config import Settings
+from satchel.server.domain.scope_indexes import ScopeKey, plan_indexes
+from satchel.server.storage import scope_indexes as store
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What one run did: scopes built (with seconds each) and dropped; `locked` False when
+    another server held the lock and this run did nothing."""
+
+    locked: bool = True
+    built: dict[ScopeKey, float] = field(default_factory=dict)
+    dropped: list[ScopeKey] = field(default_factory=list)
+
+
+class ScopeIndexes:
+    """The scope index maintenance of one server."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_facts: int,
+        max_indexes: int,
+        interval: float,
+        build_memory_mb: int,
+        connect_timeout: int = 5,
+    ) -> None:
+        self._dsn = dsn
+        self.min_facts = min_facts
+        self.max_indexes = max_indexes
+        self.interval = interval
+        self.build_memory_mb = build_memory_mb
+        self._connect_timeout = connect_timeout
+
+    @classmethod
+    def from_settings(cls, settings: Settings, dsn: str) -> ScopeIndexes:
+        return cls(
+            dsn,
+            min_facts=settings.context.exact_scope_max,
+            max_indexes=settings.scope_index_max,
+            interval=settings.scope_index_maintenance_seconds,
+            build_memory_mb=settings.scope_index_build_memory_mb,
+            connect_timeout=settings.db_connect_timeout,
+        )
+
+    async def run_once(self) -> Outcome:
+        """One maintenance run, on a connection of its own (builds outlast statement timeouts)."""
+        async with await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, connect_timeout=self._connect_timeout
+        ) as conn:
+            await conn.execute("SET statement_timeout = 0")
+            await conn.execute(f"SET maintenance_work_mem = '{int(self.build_memory_mb)}MB'")
+            if not await store.try_lock(conn):
+                return Outcome(locked=False)
+            try:
+                return await self._maintain(conn)
+            finally:
+                await store.unlock(conn)
+
+    async def _maintain(self, conn: psycopg.AsyncConnection) -> Outcome:
+        sizes = await store.scope_sizes(conn, self.min_facts // 2)
+        indexed = await store.registry(conn)
+        plan = plan_indexes(
+            sizes, set(indexed), min_facts=self.min_facts, max_indexes=self.max_indexes
+        )
+        outcome = Outcome()
+        for scope in plan.drop:
+            await store.drop(conn, scope)
+            outcome.dropped.append(scope)
+            log.info("scope_index_dropped", project_id=scope[0], subject_id=scope[1])
+        broken = [s for s, usable in indexed.items() if not usable and s not in plan.drop]
+        for scope in sorted([*plan.build, *broken], key=lambda s: (-sizes.get(s, 0), s)):
+            facts = sizes.get(scope, 0)
+            seconds = await store.build(conn, scope, facts)
+            outcome.built[scope] = seconds
+            log.info(
+                "scope_index_built",
+                project_id=scope[0],
+                subject_id=scope[1],
+                facts=facts,
+                seconds=round(seconds, 1),
+            )
+        return outcome
+
+    async def try_once(self) -> None:
+        """One run; a failure is logged (the next run retries)."""
+        try:
+            await self.run_once()
+        except (psycopg.Error, OSError) as exc:
+            log.warning("scope_index_maintenance_failed", error=str(exc), retry_s=self.interval)
+
+    async def run(self) -> None:
+        """Run now, then every `interval` seconds, until cancelled."""
+        while True:
+            await self.try_once()
+            await asyncio.sleep(self.interval)
