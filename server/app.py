@@ -323,13 +323,11 @@ class SatchelServer:
         )
         await self.retention.try_once()
         self._retention_task = asyncio.create_task(self.retention.run(), name="trace-retention")
-        if self.settings.scope_index_max > 0:
-            # In the background: a large scope's first build may take minutes, and until its
-            # index is ready the scope is served by the global one.
-            self.scope_indexes = ScopeIndexes.from_settings(self.settings, self._dsn)
-            self._scope_index_task = asyncio.create_task(
-                self.scope_indexes.run(), name="scope-indexes"
-            )
+        # In the background: a large scope's first build may take minutes, and until its
+        # indexes are ready the scope is served by the global ones. With SCOPE_INDEX_MAX 0 it
+        # drops the indexes an earlier configuration built.
+        self.scope_indexes = ScopeIndexes.from_settings(self.settings, self._dsn)
+        self._scope_index_task = asyncio.create_task(self.scope_indexes.run(), name="scope-indexes")
 
     async def _supervise_postgres(self) -> None:
         """While the database is down, start the embedded PostgreSQL again whenever its

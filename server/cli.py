@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("serve", help="run the gRPC server").set_defaults(func=cmd_serve)
     commands.add_parser("migrate", help="apply database migrations").set_defaults(func=cmd_migrate)
     commands.add_parser(
-        "index-scopes", help="build and drop the large scopes' own vector indexes now"
+        "index-scopes", help="build and drop the large scopes' own indexes now"
     ).set_defaults(func=cmd_index_scopes)
     check = commands.add_parser("healthcheck", help="exit 0 when the server is SERVING")
     check.add_argument(

@@ -206,11 +206,12 @@ class Settings:
     # then every `trace_maintenance_seconds` (one replica at a time).
     trace_retention_days: int = 7
     trace_maintenance_seconds: float = 3600.0
-    # Scope vector indexes (README "Large scopes"): a scope with more active facts than
-    # SATCHEL_EXACT_SCOPE_MAX gets an HNSW index of its own, kept down to half of that; at most
-    # `scope_index_max` scopes, the largest (0: none). Built by a maintenance run as the server
-    # starts, then every `scope_index_maintenance_seconds` (one replica at a time), with this
-    # much maintenance_work_mem (a 100,000-fact scope's graph needs ~200 MB to build in memory).
+    # Scope indexes (README "Large scopes"): a scope with more active facts than
+    # SATCHEL_EXACT_SCOPE_MAX gets HNSW and GIN indexes of its own, kept down to half of that;
+    # at most `scope_index_max` scopes, the largest (0: none, and those built are dropped).
+    # Built by a maintenance run as the server starts, then every
+    # `scope_index_maintenance_seconds` (one replica at a time), with this much
+    # maintenance_work_mem (a 100,000-fact scope's graph needs ~200 MB to build in memory).
     scope_index_max: int = 64
     scope_index_maintenance_seconds: float = 600.0
     scope_index_build_memory_mb: int = 512

@@ -1,12 +1,13 @@
-"""Scope vector indexes, maintained by the server itself: a first run as it starts serving,
-then every `interval` seconds (or once, `satchel index-scopes`).
+"""Scope indexes (a large scope's own HNSW and GIN indexes), maintained by the server itself:
+a first run as it starts serving, then every `interval` seconds (or once, `satchel
+index-scopes`).
 
 A run reads the sizes of the scopes that may qualify, decides which scopes get or lose an index
 of their own (domain/scope_indexes.py), drops, then builds, largest first, each concurrently
-(writes go on; a 100,000-fact scope among a million facts builds in ~100 s). It also rebuilds an
+(writes go on; a 100,000-fact scope among a million facts builds in ~80 s). It also rebuilds an
 index whose earlier build died. Runs hold a session advisory lock: one server at a time, the
-others skip. A failed run is logged and retried at the next interval; meanwhile a scope without
-its index is served by the global one, as before.
+others skip. A scope whose build or drop fails is logged and retried at the next run, the
+others go on; meanwhile a scope without its indexes is served by the global ones, as before.
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ class ScopeIndexes:
         self.interval = interval
         self.build_memory_mb = build_memory_mb
         self._connect_timeout = connect_timeout
+        self.runs = 0  # completed runs, whether or not this server held the lock
 
     @classmethod
     def from_settings(cls, settings: Settings, dsn: str) -> ScopeIndexes:
+        """The maintenance as the settings configure it (the cut: SATCHEL_EXACT_SCOPE_MAX)."""
         return cls(
             dsn,
             min_facts=settings.context.exact_scope_max,
@@ -73,13 +76,17 @@ class ScopeIndexes:
             await conn.execute("SET statement_timeout = 0")
             await conn.execute(f"SET maintenance_work_mem = '{int(self.build_memory_mb)}MB'")
             if not await store.try_lock(conn):
+                self.runs += 1
                 return Outcome(locked=False)
             try:
-                return await self._maintain(conn)
+                outcome = await self._maintain(conn)
             finally:
                 await store.unlock(conn)
+        self.runs += 1
+        return outcome
 
     async def _maintain(self, conn: psycopg.AsyncConnection) -> Outcome:
+        """Drop what no longer qualifies, then build (and rebuild) the rest, largest first."""
         sizes = await store.scope_sizes(conn, self.min_facts // 2)
         indexed = await store.registry(conn)
         plan = plan_indexes(
@@ -87,13 +94,31 @@ class ScopeIndexes:
         )
         outcome = Outcome()
         for scope in plan.drop:
-            await store.drop(conn, scope)
+            try:
+                await store.drop(conn, scope)
+            except psycopg.Error as exc:
+                log.warning(
+                    "scope_index_drop_failed",
+                    project_id=scope[0],
+                    subject_id=scope[1],
+                    error=str(exc),
+                )
+                continue
             outcome.dropped.append(scope)
             log.info("scope_index_dropped", project_id=scope[0], subject_id=scope[1])
         broken = [s for s, usable in indexed.items() if not usable and s not in plan.drop]
         for scope in sorted([*plan.build, *broken], key=lambda s: (-sizes.get(s, 0), s)):
             facts = sizes.get(scope, 0)
-            seconds = await store.build(conn, scope, facts)
+            try:
+                seconds = await store.build(conn, scope, facts)
+            except psycopg.Error as exc:
+                log.warning(
+                    "scope_index_build_failed",
+                    project_id=scope[0],
+                    subject_id=scope[1],
+                    error=str(exc),
+                )
+                continue
             outcome.built[scope] = seconds
             log.info(
                 "scope_index_built",

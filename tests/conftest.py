@@ -57,7 +57,8 @@ def embedder(test_root: Path):
 def settings(pg_dsn: str, test_root: Path) -> Settings:
     base = Settings.from_env({})
     # Scope index maintenance would index the scopes of every test that lowers the exact cut,
-    # in the shared database: it is tested on databases of its own (test_scope_indexes.py).
+    # in the shared database: here it builds nothing; it is tested on databases of its own
+    # (test_scope_indexes.py).
     return replace(
         base,
         database_url=pg_dsn,

@@ -58,6 +58,7 @@ class ScopeIndexNames:
 
     @property
     def all(self) -> tuple[str, str, str]:
+        """Every index of the scope, in build order."""
         return (self.vector, self.lexemes, self.words)
 
 

@@ -67,6 +67,7 @@ async def try_lock(conn: AsyncConnection) -> bool:
 
 
 async def unlock(conn: AsyncConnection) -> None:
+    """Release the maintenance lock this session holds."""
     await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
 
 
@@ -110,7 +111,8 @@ async def build(conn: AsyncConnection, scope: ScopeKey, facts: int) -> float:
 
 
 async def drop(conn: AsyncConnection, scope: ScopeKey) -> None:
-    """Drop the scope's indexes: unregistered first, so no call plans for them meanwhile."""
-    await conn.execute("DELETE FROM scope_indexes WHERE project_id = %s AND subject_id = %s", scope)
+    """Drop the scope's indexes, then its registry row: a drop cut short leaves the row, and the
+    next run drops again. (Meanwhile a call may plan for indexes gone: it uses the global ones.)"""
     for name in ScopeIndexNames.of(scope).all:
         await conn.execute(_DROP_SQL.format(name=sql.Identifier(name)))
+    await conn.execute("DELETE FROM scope_indexes WHERE project_id = %s AND subject_id = %s", scope)
