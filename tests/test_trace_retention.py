@@ -197,7 +197,7 @@ def test_the_upgrade_keeps_the_traces_written_before(
             (trace_id, uuid.uuid4()),
         )
     monkeypatch.undo()
-    assert migrations.apply_migrations(fresh_database)[-1].startswith("0012_")
+    assert "0012_trace_retention" in migrations.apply_migrations(fresh_database)
 
     with psycopg.connect(fresh_database) as conn:
         call = conn.execute(
