@@ -97,12 +97,7 @@ class ScopeIndexes:
             try:
                 await store.drop(conn, scope)
             except psycopg.Error as exc:
-                log.warning(
-                    "scope_index_drop_failed",
-                    project_id=scope[0],
-                    subject_id=scope[1],
-                    error=str(exc),
-                )
+                _log_failure("drop", scope, exc)
                 continue
             outcome.dropped.append(scope)
             log.info("scope_index_dropped", project_id=scope[0], subject_id=scope[1])
@@ -112,12 +107,7 @@ class ScopeIndexes:
             try:
                 seconds = await store.build(conn, scope, facts)
             except psycopg.Error as exc:
-                log.warning(
-                    "scope_index_build_failed",
-                    project_id=scope[0],
-                    subject_id=scope[1],
-                    error=str(exc),
-                )
+                _log_failure("build", scope, exc)
                 continue
             outcome.built[scope] = seconds
             log.info(
@@ -141,3 +131,10 @@ class ScopeIndexes:
         while True:
             await self.try_once()
             await asyncio.sleep(self.interval)
+
+
+def _log_failure(action: str, scope: ScopeKey, exc: psycopg.Error) -> None:
+    """A scope's build or drop failed: the next run retries it, the other scopes go on."""
+    log.warning(
+        f"scope_index_{action}_failed", project_id=scope[0], subject_id=scope[1], error=str(exc)
+    )
