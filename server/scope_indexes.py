@@ -74,6 +74,10 @@ class ScopeIndexes:
             self._dsn, autocommit=True, connect_timeout=self._connect_timeout
         ) as conn:
             await conn.execute("SET statement_timeout = 0")
+            # Never queue behind a lock for long (a migration, a LOCK TABLE): a build that waits
+            # more than this for a lock, or for an older transaction, fails and the next run
+            # retries it.
+            await conn.execute("SET lock_timeout = '5s'")
             await conn.execute(f"SET maintenance_work_mem = '{int(self.build_memory_mb)}MB'")
             if not await store.try_lock(conn):
                 self.runs += 1
