@@ -229,8 +229,8 @@ def count_words(conn: psycopg.Connection, project: str, batch: int = 20_000) -> 
     ids = [r[0] for r in conn.execute("SELECT id FROM facts WHERE project_id = %s", (project,))]
     for start in range(0, len(ids), batch):
         chunk = ids[start : start + batch]
-        conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (chunk,))
-        conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"ids": chunk})
+        conn.execute(memory_store.COUNT_FACT_TERMS_SQL, (project, chunk))
+        conn.execute(memory_store.COUNT_LEXEMES_SQL["facts"], {"project_id": project, "ids": chunk})
 
 
 def load_scope(dsn: str, project: str, rows: list[tuple]) -> float:
@@ -557,18 +557,18 @@ def load_traces(dsn: str, project: str, subjects: list[str], calls: int, seed: i
                      "ok", when, 850, 8, 30.0)
                 )  # fmt: skip
         with conn.cursor().copy(
-            "COPY context_traces (trace_id, created_at, sequence, candidate_id, candidate_kind,"
-            " outcome, reason_code, score, similarity, text_rank, recency, tokens, budget_used,"
-            " preview) FROM STDIN WITH (FORMAT BINARY)"
+            "COPY context_traces (project_id, trace_id, created_at, sequence, candidate_id,"
+            " candidate_kind, outcome, reason_code, score, similarity, text_rank, recency,"
+            " tokens, budget_used, preview) FROM STDIN WITH (FORMAT BINARY)"
         ) as copy:
             copy.set_types(
-                ["uuid", "timestamptz", "int4", "uuid", "text", "text", "text", "float8",
+                ["text", "uuid", "timestamptz", "int4", "uuid", "text", "text", "text", "float8",
                  "float8", "float8", "float8", "int4", "int4", "text"]
             )  # fmt: skip
             for trace_id, when in made:
                 for sequence in range(30):
                     copy.write_row(
-                        (trace_id, when, sequence, uuid.uuid4(), "fact", "included",
+                        (project, trace_id, when, sequence, uuid.uuid4(), "fact", "included",
                          "relevance", 0.5, 0.5, 0.1, 0.9, 28, 28 * (sequence + 1),
                          "Caroline hikes trails in Lisbon")
                     )  # fmt: skip

@@ -29,6 +29,7 @@ from satchel.server.storage.memory import (
     ConflictRow,
     EventRow,
     FactRow,
+    FactState,
     NewEvent,
     NewFact,
 )
@@ -141,7 +142,9 @@ async def record_events(runtime: Runtime, events: Sequence[NewEvent]) -> list[Wr
         for index, row in zip(to_insert, rows, strict=True):
             if row is not None:
                 results[index] = Written(row, True)
-        await store.count_lexemes(conn, "events", [w.row.id for w in results.values()])
+        written = [(w.row.project_id, w.row.id) for w in results.values()]
+        for project_id, ids in store.by_project(written).items():
+            await store.count_lexemes(conn, "events", project_id, ids)
     return _assemble(keys, existing, results, repeats)
 
 
@@ -190,8 +193,10 @@ async def assert_facts(
             existing.update(await store.find_facts_by_keys(conn, [k for k in lost if k]))
         created = [(i, row) for i, row in zip(to_insert, rows, strict=True) if row is not None]
         pairs = await _check_fact_references(conn, facts, paths, created)
-        await store.supersede_facts(conn, pairs)
-        await store.count_fact_terms(conn, [row.id for _, row in created])
+        for project_id, project_pairs in store.by_project(pairs).items():
+            await store.supersede_facts(conn, project_id, project_pairs)
+        for project_id, ids in store.by_project((r.project_id, r.id) for _, r in created).items():
+            await store.count_fact_terms(conn, project_id, ids)
         for index, row in created:
             results[index] = Written(row, True)
     return _assemble(keys, existing, results, repeats)
@@ -206,34 +211,37 @@ async def _check_fact_references(
     facts: Sequence[NewFact],
     paths: Sequence[str],
     created: Sequence[tuple[int, FactRow]],
-) -> list[tuple[uuid.UUID, uuid.UUID]]:
+) -> list[tuple[str, tuple[uuid.UUID, uuid.UUID]]]:
     """Check the source events and superseded facts of the created facts; return the
-    (superseded, successor) pairs to apply."""
-    event_ids = {e for i, _ in created for e in facts[i].source_event_ids}
-    old_ids = {f for i, _ in created for f in facts[i].supersedes_fact_ids}
-    scopes = await store.event_scopes(conn, sorted(event_ids))
-    states = await store.lock_facts(conn, sorted(old_ids))
+    (project, (superseded, successor)) pairs to apply."""
+    subjects: dict[tuple[str, uuid.UUID], str] = {}
+    states: dict[tuple[str, uuid.UUID], FactState] = {}
+    events = {(facts[i].project_id, e) for i, _ in created for e in facts[i].source_event_ids}
+    for project_id, ids in store.by_project(sorted(events)).items():
+        found = await store.event_subjects(conn, project_id, ids)
+        subjects.update({(project_id, e): subject for e, subject in found.items()})
+    olds = {(facts[i].project_id, f) for i, _ in created for f in facts[i].supersedes_fact_ids}
+    for project_id, ids in store.by_project(sorted(olds)).items():
+        locked = await store.lock_facts(conn, project_id, ids)
+        states.update({(project_id, f): state for f, state in locked.items()})
     problems = _Problems()
     claimed: dict[uuid.UUID, str] = {}
-    pairs: list[tuple[uuid.UUID, uuid.UUID]] = []
+    pairs: list[tuple[str, tuple[uuid.UUID, uuid.UUID]]] = []
     for index, row in created:
         fact, prefix = facts[index], paths[index]
         for j, event_id in enumerate(fact.source_event_ids):
             path = f"{prefix}source_event_ids[{j}]"
-            scope = scopes.get(event_id)
-            if scope is None or scope[0] != fact.project_id:
+            subject = subjects.get((fact.project_id, event_id))
+            if subject is None:
                 problems.missing.append((path, f"event {event_id} does not exist"))
-            elif scope[1] != fact.subject_id:
+            elif subject != fact.subject_id:
                 problems.invalid.append(
-                    (
-                        path,
-                        _other_subject("event", event_id, scope[1], fact.subject_id),
-                    )
+                    (path, _other_subject("event", event_id, subject, fact.subject_id))
                 )
         for j, old_id in enumerate(fact.supersedes_fact_ids):
             path = f"{prefix}supersedes_fact_ids[{j}]"
-            state = states.get(old_id)
-            if state is None or state.project_id != fact.project_id:
+            state = states.get((fact.project_id, old_id))
+            if state is None:
                 problems.missing.append((path, f"fact {old_id} does not exist"))
             elif state.subject_id != fact.subject_id:
                 problems.invalid.append(
@@ -250,7 +258,7 @@ async def _check_fact_references(
                 )
             else:
                 claimed[old_id] = prefix.rstrip(".") or "this request"
-                pairs.append((old_id, row.id))
+                pairs.append((fact.project_id, (old_id, row.id)))
     problems.raise_if_any()
     return pairs
 
@@ -282,23 +290,18 @@ async def supersede_fact(
 ) -> FactRow:
     """Mark an active fact superseded by another active fact of the same scope."""
     async with runtime.pool.connection() as conn, conn.transaction():
-        states = await store.lock_facts(conn, [fact_id, successor_id])
+        states = await store.lock_facts(conn, project_id, [fact_id, successor_id])
         problems = _Problems()
         old, new = states.get(fact_id), states.get(successor_id)
         for name, fid, state in (
             ("fact_id", fact_id, old),
             ("superseded_by_fact_id", successor_id, new),
         ):
-            if state is None or state.project_id != project_id:
+            if state is None:
                 problems.missing.append((name, f"fact {fid} does not exist"))
             elif state.status != "active":
                 problems.state.append((name, f"fact {fid} is {state.status}, not active"))
-        if (
-            old
-            and new
-            and old.project_id == new.project_id == project_id
-            and old.subject_id != new.subject_id
-        ):
+        if old and new and old.subject_id != new.subject_id:
             problems.invalid.append(
                 (
                     "superseded_by_fact_id",
@@ -307,7 +310,7 @@ async def supersede_fact(
                 )
             )
         problems.raise_if_any()
-        (row,) = await store.supersede_facts(conn, [(fact_id, successor_id)])
+        (row,) = await store.supersede_facts(conn, project_id, [(fact_id, successor_id)])
         return row
 
 
@@ -322,11 +325,11 @@ async def open_conflict(
     """Open a conflict set over two or more active facts of one scope (none in another open
     conflict): they are blocked from context until it is resolved."""
     async with runtime.pool.connection() as conn, conn.transaction():
-        states = await store.lock_facts(conn, fact_ids)
+        states = await store.lock_facts(conn, project_id, fact_ids)
         problems = _Problems()
         for j, fid in enumerate(fact_ids):
             path, state = f"fact_ids[{j}]", states.get(fid)
-            if state is None or state.project_id != project_id:
+            if state is None:
                 problems.missing.append((path, f"fact {fid} does not exist"))
             elif state.subject_id != subject_id:
                 problems.invalid.append(
@@ -335,7 +338,7 @@ async def open_conflict(
             elif state.status != "active":
                 problems.state.append((path, f"fact {fid} is {state.status}, not active"))
         problems.raise_if_any()
-        already = await store.open_conflicts_of(conn, fact_ids)
+        already = await store.open_conflicts_of(conn, project_id, fact_ids)
         for j, fid in enumerate(fact_ids):
             if fid in already:
                 problems.state.append(
@@ -371,7 +374,7 @@ async def resolve_conflict(
                 [("winning_fact_id", f"fact {winning_fact_id} is not a member of the conflict")],
                 reason="NOT_A_CONFLICT_MEMBER",
             )
-        states = await store.lock_facts(conn, conflict.fact_ids)
+        states = await store.lock_facts(conn, project_id, conflict.fact_ids)
         winner = states[winning_fact_id]
         if winner.status != "active":
             raise FailedPrecondition(
@@ -386,10 +389,11 @@ async def resolve_conflict(
         ]
         await store.supersede_facts(
             conn,
+            project_id,
             [(fid, winning_fact_id) for fid in losers],
             reason=f"conflict {conflict_id} resolved in favour of fact {winning_fact_id}",
         )
-        return await store.resolve_conflict(conn, conflict_id, winning_fact_id)
+        return await store.resolve_conflict(conn, project_id, conflict_id, winning_fact_id)
 
 
 async def list_facts(

@@ -271,8 +271,8 @@ class TraceHub:
 
     async def _read(self, ref: TraceRef) -> WatchedCall | None:
         async with self._pool.connection() as conn:
-            stored = await store.load_call(conn, uuid.UUID(ref.trace_id))
-        if stored is None or stored.call["project_id"] != ref.project_id:
+            stored = await store.load_call(conn, ref.project_id, uuid.UUID(ref.trace_id))
+        if stored is None:
             return None
         return WatchedCall(
             trace_id=ref.trace_id,

@@ -89,7 +89,8 @@ _RECENCY = _DECAY.format(since="f.since_epoch")
 # scored facts are read once (`vectors`), only when the rule is on, and every pair is compared
 # in one join.
 _RESTATED = """vectors AS MATERIALIZED (
-    SELECT f.id, f.embedding FROM facts f JOIN scored USING (id) WHERE %(newer_wins)s > 0
+    SELECT f.id, f.embedding FROM facts f JOIN scored USING (id)
+    WHERE %(newer_wins)s > 0 AND f.project_id = %(project_id)s
 ),
 restated AS (
     SELECT n.id, array_agg(o.id) AS restates
@@ -107,8 +108,9 @@ _JOIN_RESTATED = "LEFT JOIN restated USING (id)"
 _EXPIRED = """(f.stale_after IS NOT NULL
         AND %(at)s - coalesce(f.valid_from, f.recorded_from) >= f.stale_after)"""
 _IN_OPEN_CONFLICT = """EXISTS (
-        SELECT 1 FROM conflict_members m JOIN conflict_sets c ON c.id = m.conflict_id
-        WHERE m.fact_id = f.id AND c.opened_at <= %(at)s
+        SELECT 1 FROM conflict_members m
+        JOIN conflict_sets c ON c.id = m.conflict_id AND c.project_id = m.project_id
+        WHERE m.fact_id = f.id AND m.project_id = f.project_id AND c.opened_at <= %(at)s
           AND (c.status = 'open' OR c.resolved_at > %(at)s)
     )"""
 
@@ -253,7 +255,10 @@ best AS (
         + %(w_recency)s * {recency} DESC, id
     LIMIT %(candidate_limit)s
 ),
-scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
+scored AS (
+    SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q
+    WHERE f.project_id = %(project_id)s
+),
 {restated}
 SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates
 FROM scored {join_restated} ORDER BY score DESC, id
@@ -308,9 +313,13 @@ pool AS (
 ),
 best AS (
     SELECT f.id, pool.text_rank FROM facts f JOIN pool USING (id), q
+    WHERE f.project_id = %(project_id)s
     ORDER BY {pooled_fact_score} DESC, f.id LIMIT %(candidate_limit)s
 ),
-scored AS (SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q),
+scored AS (
+    SELECT {pooled_columns} FROM facts f JOIN best AS pool USING (id), q
+    WHERE f.project_id = %(project_id)s
+),
 {restated}
 SELECT scored.*, {score} AS score, {text_full_value} AS text_full, {restates} AS restates,
        bounds.*
@@ -347,7 +356,7 @@ hop AS (
             SELECT w.id FROM scope_words w
             WHERE w.search_vector @@ plainto_tsquery('simple', e.entity)
             LIMIT %(hop_scan_limit)s
-        ) m JOIN facts f USING (id)
+        ) m JOIN facts f ON f.project_id = %(project_id)s AND f.id = m.id
         ORDER BY f.embedding <=> %(vector)s LIMIT %(per_entity)s
     ) h
 )"""
@@ -355,7 +364,9 @@ _MULTI_HOP_SQL = """
 WITH q AS MATERIALIZED ({text_query}),
 text_full AS ({given_text_full}),
 {hop},
-scored AS (SELECT {columns} FROM facts f JOIN hop USING (id), q),
+scored AS (
+    SELECT {columns} FROM facts f JOIN hop USING (id), q WHERE f.project_id = %(project_id)s
+),
 {restated}
 SELECT scored.*, {score} AS score, {restates} AS restates
 FROM scored {join_restated} ORDER BY score DESC, id
@@ -486,7 +497,7 @@ best AS (
 top AS (
     SELECT b.id, e.kind, e.occurred_at, e.text, b.similarity, b.text_rank, b.recency, b.score,
            b.context_similarity
-    FROM best b JOIN events e USING (id)
+    FROM best b JOIN events e USING (id) WHERE e.project_id = %(project_id)s
 ),"""
     + _EPISODES_TAIL
 )
@@ -838,11 +849,11 @@ call AS (
         %(total_ms)s)
     -- WatchTraces across replicas: the call is announced on `satchel_traces`, delivered on
     -- commit (a data-modifying CTE runs to completion, even for a call without decisions).
-    RETURNING trace_id, created_at, pg_notify('satchel_traces', json_build_object(
+    RETURNING project_id, trace_id, created_at, pg_notify('satchel_traces', json_build_object(
         'project_id', project_id, 'subject_id', subject_id, 'trace_id', trace_id)::text)
 )
-INSERT INTO context_traces (created_at, {", ".join(TRACE_COLUMNS)})
-SELECT call.created_at, call.trace_id, d.*
+INSERT INTO context_traces (project_id, created_at, {", ".join(TRACE_COLUMNS)})
+SELECT call.project_id, call.created_at, call.trace_id, d.*
 FROM call, {"" if durable else "relaxed, "}json_to_recordset(%(decisions)s::json) AS d(
     sequence int, candidate_id uuid, candidate_kind text, outcome text, reason_code text,
     score float8, similarity float8, text_rank float8, recency float8, tokens int,
@@ -906,8 +917,8 @@ async def load_trace(
         return None
     await cur.execute(
         f"SELECT {', '.join(TRACE_COLUMNS[1:])} FROM context_traces"
-        " WHERE trace_id = %s ORDER BY sequence",
-        (trace_id,),
+        " WHERE trace_id = %s AND project_id = %s ORDER BY sequence",
+        (trace_id, project_id),
     )
     return call, await cur.fetchall()
 

@@ -11,15 +11,17 @@ one instant (`recorded_from`, `recorded_at`, `superseded_at`, `recorded_to`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
+
+T = TypeVar("T")
 
 # --- rows ------------------------------------------------------------------------------------
 
@@ -164,9 +166,8 @@ RETURNING {EVENT_COLUMNS}
 """
 
 _EVENTS_BY_KEYS = f"""
-SELECT e.idempotency_key AS key, {EVENT_COLUMNS}
-FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
-JOIN events e ON e.project_id = k.project_id AND e.idempotency_key = k.idempotency_key
+SELECT e.idempotency_key AS key, {EVENT_COLUMNS} FROM events e
+WHERE e.project_id = %s AND e.idempotency_key = ANY(%s::text[])
 """
 
 
@@ -174,15 +175,7 @@ async def find_events_by_keys(
     conn: AsyncConnection, keys: Sequence[tuple[str, str]]
 ) -> dict[tuple[str, str], EventRow]:
     """The stored events of these (project_id, idempotency_key) pairs."""
-    if not keys:
-        return {}
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_EVENTS_BY_KEYS, ([p for p, _ in keys], [k for _, k in keys]))
-    found: dict[tuple[str, str], EventRow] = {}
-    for row in await cur.fetchall():
-        key = row.pop("key")
-        found[(row["project_id"], key)] = EventRow(**row)
-    return found
+    return await _find_by_keys(conn, _EVENTS_BY_KEYS, EventRow, keys)
 
 
 async def insert_events(
@@ -210,19 +203,19 @@ async def insert_events(
         return await _returned_rows(cur, len(params))
 
 
-async def event_scopes(
-    conn: AsyncConnection, ids: Sequence[uuid.UUID]
-) -> dict[uuid.UUID, tuple[str, str]]:
-    """The (project_id, subject_id) of each existing event among `ids`."""
+async def event_subjects(
+    conn: AsyncConnection, project_id: str, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, str]:
+    """The subject of each existing event of the project among `ids`."""
     if not ids:
         return {}
     # FOR KEY SHARE: a concurrent DeleteEvent waits until the fact citing it is committed.
     cur = await conn.execute(
-        "SELECT id, project_id, subject_id FROM events WHERE id = ANY(%s) ORDER BY id"
-        " FOR KEY SHARE",
-        (list(ids),),
+        "SELECT id, subject_id FROM events WHERE project_id = %s AND id = ANY(%s)"
+        " ORDER BY id FOR KEY SHARE",
+        (project_id, list(ids)),
     )
-    return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+    return {row[0]: row[1] for row in await cur.fetchall()}
 
 
 async def list_events(
@@ -273,9 +266,8 @@ RETURNING {FACT_COLUMNS}
 """
 
 _FACTS_BY_KEYS = f"""
-SELECT f.idempotency_key AS key, {FACT_COLUMNS}
-FROM unnest(%s::text[], %s::text[]) AS k(project_id, idempotency_key)
-JOIN facts f ON f.project_id = k.project_id AND f.idempotency_key = k.idempotency_key
+SELECT f.idempotency_key AS key, {FACT_COLUMNS} FROM facts f
+WHERE f.project_id = %s AND f.idempotency_key = ANY(%s::text[])
 """
 
 
@@ -283,15 +275,7 @@ async def find_facts_by_keys(
     conn: AsyncConnection, keys: Sequence[tuple[str, str]]
 ) -> dict[tuple[str, str], FactRow]:
     """The stored facts of these (project_id, idempotency_key) pairs."""
-    if not keys:
-        return {}
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(_FACTS_BY_KEYS, ([p for p, _ in keys], [k for _, k in keys]))
-    found: dict[tuple[str, str], FactRow] = {}
-    for row in await cur.fetchall():
-        key = row.pop("key")
-        found[(row["project_id"], key)] = FactRow(**row)
-    return found
+    return await _find_by_keys(conn, _FACTS_BY_KEYS, FactRow, keys)
 
 
 async def insert_facts(
@@ -327,7 +311,7 @@ COUNT_FACT_TERMS_SQL = """
 INSERT INTO fact_term_counts AS c (project_id, subject_id, term, facts)
 SELECT f.project_id, f.subject_id, t.term, count(*)
 FROM facts f CROSS JOIN unnest(tsvector_to_array(f.search_vector)) AS t(term)
-WHERE f.id = ANY(%s::uuid[])
+WHERE f.project_id = %s AND f.id = ANY(%s::uuid[])
 GROUP BY f.project_id, f.subject_id, t.term
 ORDER BY f.project_id, f.subject_id, t.term
 ON CONFLICT (project_id, subject_id, term) DO UPDATE SET facts = c.facts + excluded.facts
@@ -337,7 +321,7 @@ ON CONFLICT (project_id, subject_id, term) DO UPDATE SET facts = c.facts + exclu
 _COUNT_LEXEMES_SQL = """
 WITH new AS (
     SELECT d.project_id, d.subject_id, d.lexemes, d.lexeme_tokens FROM {table} d
-    WHERE d.id = ANY(%(ids)s::uuid[])
+    WHERE d.project_id = %(project_id)s AND d.id = ANY(%(ids)s::uuid[])
 ),
 lexemes AS (
     INSERT INTO scope_lexemes AS c (project_id, subject_id, lexeme, documents)
@@ -357,27 +341,31 @@ ON CONFLICT (project_id, subject_id) DO UPDATE
 COUNT_LEXEMES_SQL = {t: _COUNT_LEXEMES_SQL.format(table=t) for t in ("facts", "events")}
 
 
-async def count_lexemes(conn: AsyncConnection, table: str, ids: Sequence[uuid.UUID]) -> None:
-    """Add new facts' or events' lexemes to their scopes' BM25 statistics (migration 0008).
+async def count_lexemes(
+    conn: AsyncConnection, table: str, project_id: str, ids: Sequence[uuid.UUID]
+) -> None:
+    """Add a project's new facts' or events' lexemes to their scopes' BM25 statistics
+    (migration 0008).
 
-    Run it as the last statement of the transaction that inserted them, like
-    `count_fact_terms`: writers of one scope queue on its shared rows, in key order.
+    Run it at the end of the transaction that inserted them, like `count_fact_terms`: writers
+    of one scope queue on its shared rows, in key order.
     """
     if ids:
-        await conn.execute(COUNT_LEXEMES_SQL[table], {"ids": list(ids)})
+        await conn.execute(COUNT_LEXEMES_SQL[table], {"project_id": project_id, "ids": list(ids)})
 
 
-async def count_fact_terms(conn: AsyncConnection, fact_ids: Sequence[uuid.UUID]) -> None:
-    """Add new facts' words to their scopes' word counts (what the text search reads), and
-    their lexemes to the scopes' BM25 statistics.
+async def count_fact_terms(
+    conn: AsyncConnection, project_id: str, fact_ids: Sequence[uuid.UUID]
+) -> None:
+    """Add a project's new facts' words to their scopes' word counts (what the text search
+    reads), and their lexemes to the scopes' BM25 statistics.
 
-    Run it as the last statement of the transaction that inserted them: the count rows of a
-    scope's common words are locked until commit, in key order, so writers queue but never
-    deadlock.
+    Run it at the end of the transaction that inserted them: the count rows of a scope's
+    common words are locked until commit, in key order, so writers queue but never deadlock.
     """
     if fact_ids:
-        await conn.execute(COUNT_FACT_TERMS_SQL, (list(fact_ids),))
-        await count_lexemes(conn, "facts", fact_ids)
+        await conn.execute(COUNT_FACT_TERMS_SQL, (project_id, list(fact_ids)))
+        await count_lexemes(conn, "facts", project_id, fact_ids)
 
 
 async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -> FactRow | None:
@@ -390,15 +378,18 @@ async def get_fact(conn: AsyncConnection, project_id: str, fact_id: uuid.UUID) -
     return await cur.fetchone()
 
 
-async def lock_facts(conn: AsyncConnection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, FactState]:
-    """Lock existing facts among `ids` for the transaction (in id order: no deadlocks)."""
+async def lock_facts(
+    conn: AsyncConnection, project_id: str, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, FactState]:
+    """Lock the project's existing facts among `ids` for the transaction (in id order: no
+    deadlocks)."""
     if not ids:
         return {}
     cur = conn.cursor(row_factory=class_row(FactState))
     await cur.execute(
-        "SELECT id, project_id, subject_id, status FROM facts WHERE id = ANY(%s)"
-        " ORDER BY id FOR UPDATE",
-        (sorted(set(ids)),),
+        "SELECT id, project_id, subject_id, status FROM facts WHERE project_id = %s"
+        " AND id = ANY(%s) ORDER BY id FOR UPDATE",
+        (project_id, sorted(set(ids))),
     )
     return {row.id: row for row in await cur.fetchall()}
 
@@ -413,18 +404,21 @@ SET status = 'superseded',
     valid_to = greatest(least(f.valid_to, coalesce(n.valid_from, now())), f.valid_from)
 FROM unnest(%s::uuid[], %s::uuid[]) AS s(old_id, new_id)
 JOIN facts n ON n.id = s.new_id
-WHERE f.id = s.old_id AND f.status = 'active'
+WHERE f.project_id = %s AND n.project_id = f.project_id AND f.id = s.old_id
+    AND f.status = 'active'
 RETURNING {FACT_COLUMNS}
 """
 
 
 async def supersede_facts(
     conn: AsyncConnection,
+    project_id: str,
     pairs: Sequence[tuple[uuid.UUID, uuid.UUID]],
     *,
     reason: str | None = None,
 ) -> list[FactRow]:
-    """Mark each active `old` fact superseded by `new` (pairs of (old, new) ids).
+    """Mark each active `old` fact of the project superseded by `new` (pairs of (old, new)
+    ids).
 
     The old fact's validity ends at the successor's `valid_from`, or now when it has none; it
     is never extended (an earlier `valid_to` stays) and never ends before it starts (a successor
@@ -434,7 +428,9 @@ async def supersede_facts(
     if not pairs:
         return []
     cur = conn.cursor(row_factory=class_row(FactRow))
-    await cur.execute(_SUPERSEDE, (reason, [old for old, _ in pairs], [new for _, new in pairs]))
+    await cur.execute(
+        _SUPERSEDE, (reason, [old for old, _ in pairs], [new for _, new in pairs], project_id)
+    )
     return await cur.fetchall()
 
 
@@ -497,22 +493,22 @@ async def list_facts(
 _CONFLICT_COLUMNS = """
     c.id, c.project_id, c.subject_id, c.status, c.note, c.opened_at, c.resolved_at,
     c.winning_fact_id,
-    ARRAY(SELECT m.fact_id FROM conflict_members m WHERE m.conflict_id = c.id ORDER BY m.fact_id)
-        AS fact_ids
+    ARRAY(SELECT m.fact_id FROM conflict_members m
+        WHERE m.conflict_id = c.id AND m.project_id = c.project_id ORDER BY m.fact_id) AS fact_ids
 """
 
 
 async def open_conflicts_of(
-    conn: AsyncConnection, fact_ids: Sequence[uuid.UUID]
+    conn: AsyncConnection, project_id: str, fact_ids: Sequence[uuid.UUID]
 ) -> dict[uuid.UUID, uuid.UUID]:
-    """For each fact among `fact_ids` in an open conflict: that conflict's id."""
+    """For each of the project's facts among `fact_ids` in an open conflict: its id."""
     if not fact_ids:
         return {}
     cur = await conn.execute(
         "SELECT m.fact_id, m.conflict_id FROM conflict_members m"
-        " JOIN conflict_sets c ON c.id = m.conflict_id"
-        " WHERE m.fact_id = ANY(%s) AND c.status = 'open'",
-        (list(fact_ids),),
+        " JOIN conflict_sets c ON c.id = m.conflict_id AND c.project_id = m.project_id"
+        " WHERE m.project_id = %s AND m.fact_id = ANY(%s) AND c.status = 'open'",
+        (project_id, list(fact_ids)),
     )
     return {row[0]: row[1] for row in await cur.fetchall()}
 
@@ -534,8 +530,9 @@ async def insert_conflict(
     assert row is not None
     conflict_id: uuid.UUID = row[0]
     await conn.execute(
-        "INSERT INTO conflict_members (conflict_id, fact_id) SELECT %s, unnest(%s::uuid[])",
-        (conflict_id, list(fact_ids)),
+        "INSERT INTO conflict_members (project_id, conflict_id, fact_id)"
+        " SELECT %s, %s, unnest(%s::uuid[])",
+        (project_id, conflict_id, list(fact_ids)),
     )
     conflict = await get_conflict(conn, project_id, conflict_id)
     assert conflict is not None
@@ -556,15 +553,15 @@ async def get_conflict(
 
 
 async def resolve_conflict(
-    conn: AsyncConnection, conflict_id: uuid.UUID, winning_fact_id: uuid.UUID
+    conn: AsyncConnection, project_id: str, conflict_id: uuid.UUID, winning_fact_id: uuid.UUID
 ) -> ConflictRow:
-    """Close an open conflict with its winner."""
+    """Close an open conflict of the project with its winner."""
     cur = conn.cursor(row_factory=class_row(ConflictRow))
     await cur.execute(
         "UPDATE conflict_sets c SET status = 'resolved', resolved_at = now(),"
-        " winning_fact_id = %s WHERE c.id = %s AND c.status = 'open'"
+        " winning_fact_id = %s WHERE c.project_id = %s AND c.id = %s AND c.status = 'open'"
         f" RETURNING {_CONFLICT_COLUMNS}",
-        (winning_fact_id, conflict_id),
+        (winning_fact_id, project_id, conflict_id),
     )
     row = await cur.fetchone()
     assert row is not None, "resolve_conflict needs an open conflict locked by the caller"
@@ -703,8 +700,8 @@ async def _delete_decisions_of(
         return 0
     cur = await conn.execute(
         "DELETE FROM context_traces t USING context_calls c"
-        " WHERE c.project_id = %s AND c.subject_id = %s AND t.trace_id = c.trace_id"
-        " AND t.candidate_id = ANY(%s::uuid[])",
+        " WHERE c.project_id = %s AND c.subject_id = %s AND t.project_id = c.project_id"
+        " AND t.trace_id = c.trace_id AND t.candidate_id = ANY(%s::uuid[])",
         (project_id, subject_id, list(candidate_ids)),
     )
     return cur.rowcount
@@ -714,7 +711,7 @@ async def delete_event(conn: AsyncConnection, project_id: str, event_id: uuid.UU
     """Delete an event of a project, the facts drawn from it alone (see `_delete_facts`), and
     the trace decisions quoting either; facts drawn from other events too lose its id.
 
-    The event row goes first: a concurrent AssertFact citing it holds it (`event_scopes` reads
+    The event row goes first: a concurrent AssertFact citing it holds it (`event_subjects` reads
     it FOR KEY SHARE), so its fact is committed, and seen here, before the facts are read.
     """
     deleted = Deleted()
@@ -739,8 +736,8 @@ async def delete_event(conn: AsyncConnection, project_id: str, event_id: uuid.UU
     if kept:
         cur = await conn.execute(
             "UPDATE facts SET source_event_ids = array_remove(source_event_ids, %s)"
-            " WHERE id = ANY(%s::uuid[])",
-            (event_id, kept),
+            " WHERE project_id = %s AND id = ANY(%s::uuid[])",
+            (event_id, project_id, kept),
         )
         deleted.facts_unlinked = cur.rowcount
     gone = await _delete_facts(conn, project_id, subject_id, only, deleted)
@@ -767,7 +764,7 @@ async def _delete_facts(
     cur = await conn.execute(
         "DELETE FROM conflict_sets c WHERE c.project_id = %s AND EXISTS ("
         " SELECT 1 FROM conflict_members m WHERE m.conflict_id = c.id"
-        " AND m.fact_id = ANY(%s::uuid[]))",
+        " AND m.project_id = c.project_id AND m.fact_id = ANY(%s::uuid[]))",
         (project_id, ids),
     )
     deleted.conflicts += cur.rowcount
@@ -796,7 +793,8 @@ async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str 
 
     deleted.trace_decisions = await run(
         "DELETE FROM context_traces t USING context_calls c"
-        f" WHERE t.trace_id = c.trace_id AND c.{where.replace(' AND ', ' AND c.')}"
+        " WHERE t.project_id = c.project_id AND t.trace_id = c.trace_id"
+        f" AND c.{where.replace(' AND ', ' AND c.')}"
     )
     deleted.traces = await run(f"DELETE FROM context_calls WHERE {where}")
     deleted.conflicts = await run(f"DELETE FROM conflict_sets WHERE {where}")
@@ -808,6 +806,31 @@ async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str 
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+async def _find_by_keys(
+    conn: AsyncConnection, sql: str, row_type: type[T], keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], T]:
+    """The rows `sql` finds for these (project_id, idempotency_key) pairs, one statement per
+    project (each reads one project's shard, README "Citus")."""
+    found: dict[tuple[str, str], T] = {}
+    cur = conn.cursor(row_factory=dict_row)
+    for project_id, project_keys in by_project(keys).items():
+        await cur.execute(sql, (project_id, project_keys))
+        for row in await cur.fetchall():
+            key = row.pop("key")
+            found[(project_id, key)] = row_type(**row)
+    return found
+
+
+def by_project(pairs: Iterable[tuple[str, T]]) -> dict[str, list[T]]:
+    """(project, item) pairs grouped by project, projects in sorted order: one statement per
+    project reads or writes one shard (README "Citus"), and a batch spanning projects locks
+    them in one order."""
+    grouped: dict[str, list[T]] = {}
+    for project_id, item in sorted(pairs, key=lambda pair: pair[0]):
+        grouped.setdefault(project_id, []).append(item)
+    return grouped
 
 
 async def _returned_rows(cur: Any, count: int) -> list[Any]:

@@ -31,17 +31,23 @@ class StoredCall:
     events: dict[str, dict[str, Any]]
 
 
-async def load_call(conn: AsyncConnection, trace_id: uuid.UUID) -> StoredCall | None:
-    """A committed call with its decisions in order and the facts and events it included."""
+async def load_call(
+    conn: AsyncConnection, project_id: str, trace_id: uuid.UUID
+) -> StoredCall | None:
+    """A committed call of the project with its decisions in order and the facts and events
+    it included (None when the project has no such call)."""
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute("SELECT * FROM context_calls WHERE trace_id = %s", (trace_id,))
+    await cur.execute(
+        "SELECT * FROM context_calls WHERE trace_id = %s AND project_id = %s",
+        (trace_id, project_id),
+    )
     call = await cur.fetchone()
     if call is None:
         return None
     await cur.execute(
         f"SELECT {', '.join(TRACE_COLUMNS[1:])} FROM context_traces"
-        " WHERE trace_id = %s ORDER BY sequence",
-        (trace_id,),
+        " WHERE trace_id = %s AND project_id = %s ORDER BY sequence",
+        (trace_id, project_id),
     )
     decisions = await cur.fetchall()
     included = [d for d in decisions if d["outcome"] == "included"]
@@ -52,13 +58,14 @@ async def load_call(conn: AsyncConnection, trace_id: uuid.UUID) -> StoredCall | 
     if fact_ids:
         await cur.execute(
             "SELECT id, predicate, value, statement, confidence, valid_from, source_event_ids"
-            " FROM facts WHERE id = ANY(%s)",
-            (fact_ids,),
+            " FROM facts WHERE project_id = %s AND id = ANY(%s)",
+            (project_id, fact_ids),
         )
         facts = {str(r["id"]): r for r in await cur.fetchall()}
     if event_ids:
         await cur.execute(
-            "SELECT id, kind, occurred_at, text FROM events WHERE id = ANY(%s)", (event_ids,)
+            "SELECT id, kind, occurred_at, text FROM events WHERE project_id = %s AND id = ANY(%s)",
+            (project_id, event_ids),
         )
         events = {str(r["id"]): r for r in await cur.fetchall()}
     return StoredCall(call=call, decisions=decisions, facts=facts, events=events)
