@@ -15,9 +15,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 OTEL_MODES = ("off", "otlp", "console", "global")
 
@@ -82,6 +79,11 @@ class ContextSettings:
     episode_pool: int = 48
     episode_context_weight: float = 0.6
     episode_context_gap_seconds: float = 3600.0
+    # Hybrid episodes ranked in memory for the scopes read without changing
+    # (server/episode_index.py): at most this many MB of events held (0: off), and no scope
+    # of more events than this.
+    episode_index_mb: int = 256
+    episode_index_max_events: int = 50_000
     # Hybrid: of two facts with one predicate whose vectors are at least this close, the newer
     # ranks first (a value stated again later; domain/updates.py). 0: off.
     newer_wins_similarity: float = 0.6
@@ -270,6 +272,11 @@ class Settings:
                 for name in WEIGHT_FIELDS
             ),
             (c.episode_pool >= 1, "SATCHEL_EPISODE_POOL must be positive"),
+            (c.episode_index_mb >= 0, "SATCHEL_EPISODE_INDEX_MB must not be negative"),
+            (
+                c.episode_index_max_events >= 0,
+                "SATCHEL_EPISODE_INDEX_MAX_EVENTS must not be negative",
+            ),
             (
                 0.0 <= c.newer_wins_similarity <= 1.0,
                 "SATCHEL_NEWER_WINS_SIMILARITY must be in [0, 1]",
@@ -376,6 +383,10 @@ class Settings:
 
     def read_urls(self) -> list[str]:
         """The read replicas' DSNs (SATCHEL_DATABASE_READ_URLS), each checked as a DSN."""
+        # Imported here: the peer comparison's environment reads these settings without psycopg.
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
         urls = [url.strip() for url in self.database_read_urls.split(",") if url.strip()]
         for url in urls:
             try:

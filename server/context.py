@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from satchel.server.domain.entities import extract_entities
+from satchel.server.domain.episode_ranking import EpisodeQuery, rank_episodes
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
     EPISODE,
@@ -192,6 +195,58 @@ def _likely_hop_sources(
     return _hop_sources(packer)
 
 
+async def fetch_episodes(
+    runtime: Runtime,
+    scope: store.Scope,
+    vector: np.ndarray,
+    plan: store.QueryPlan,
+    fetch: Callable[..., Awaitable[Any]],
+) -> list[dict[str, Any]]:
+    """The scope's best episodes: ranked in memory when the episode index holds the scope at
+    the version this call reads (hybrid ranking, now), otherwise by the episodes statement."""
+    cfg = runtime.settings.context
+    events = None
+    if cfg.ranking == "hybrid" and not scope.historical and plan.events_version is not None:
+        events = runtime.episode_index.lookup(
+            scope.project_id, scope.subject_id, plan.events_version
+        )
+    if events is None or cfg.episode_top_k == 0:
+        return await fetch(store.fetch_episodes, scope, vector, cfg, plan)
+    query = EpisodeQuery(
+        vector=vector,
+        terms=plan.terms,
+        idfs=plan.idfs,
+        avg_tokens=plan.avg_tokens,
+        at_epoch=scope.at.timestamp(),
+        tau_seconds=cfg.recency_tau_days * 86400.0,
+        w_similarity=cfg.weight_similarity,
+        w_text_rank=cfg.weight_text_rank,
+        w_recency=cfg.weight_recency,
+        pool=cfg.episode_pool,
+        k=cfg.episode_top_k,
+        context_weight=cfg.episode_context_weight,
+        gap_us=round(cfg.episode_context_gap_seconds * 1e6),
+    )
+    ranked = rank_episodes(events, query)
+    ids = [events.ids[r.position] for r in ranked]
+    hidden = await fetch(store.fetch_hidden_sources, scope, cfg, ids)
+    return [
+        {
+            "id": events.ids[r.position],
+            "kind": events.kinds[r.position],
+            "occurred_at": events.occurred_at[r.position],
+            "text": events.texts[r.position],
+            "similarity": r.similarity,
+            "text_rank": r.text_rank,
+            "recency": r.recency,
+            "score": r.score,
+            "context_similarity": r.context_similarity,
+            "source_facts_hidden": hidden[events.ids[r.position]],
+        }
+        for r in ranked
+    ]
+
+
 def _served_fact(row: dict[str, Any]) -> ServedFact:
     return ServedFact(
         id=str(row["id"]),
@@ -265,7 +320,7 @@ async def assemble(
     hybrid = cfg.ranking == "hybrid"
     facts = fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
     facts_task = asyncio.ensure_future(facts)
-    episodes = fetch(store.fetch_episodes, scope, vector, cfg, plan)
+    episodes = fetch_episodes(runtime, scope, vector, plan, fetch)
     episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from satchel.server.config import ConfigError
 
 if TYPE_CHECKING:
-    from satchel.server.runtime import RuntimeRef
+    from satchel.server.runtime import Runtime, RuntimeRef
     from satchel.server.storage.context import CallRecord
 
 LATENCY_BUCKETS = (
@@ -269,6 +269,7 @@ class RuntimeCollector(Collector):
         yield waiting
         for _, family, _ in counters:
             yield family
+        yield from self._episode_index(runtime)
         hub = runtime.traces
         if hub is not None:
             yield GaugeMetricFamily(
@@ -294,3 +295,21 @@ class RuntimeCollector(Collector):
                 ("satchel_watch_reconnects", "Listener reconnections.", hub.stats.reconnects),
             ):
                 yield CounterMetricFamily(name, doc, value=value)
+
+    @staticmethod
+    def _episode_index(runtime: Runtime) -> Iterator[Metric]:
+        index = runtime.episode_index
+        yield GaugeMetricFamily(
+            "satchel_episode_index_scopes", "Scopes whose events are held in memory.", len(index)
+        )
+        yield GaugeMetricFamily(
+            "satchel_episode_index_bytes", "Memory the held events take.", index.bytes
+        )
+        for name, doc, value in (
+            ("hits", "Context calls whose episodes were ranked in memory.", index.stats.hits),
+            ("misses", "Hybrid calls now whose scope was not held.", index.stats.misses),
+            ("loads", "Scopes read into memory.", index.stats.loads),
+            ("too_large", "Loads of scopes beyond the event limit.", index.stats.too_large),
+            ("evictions", "Scopes dropped for the memory budget.", index.stats.evictions),
+        ):
+            yield CounterMetricFamily(f"satchel_episode_index_{name}", doc, value=value)

@@ -126,6 +126,11 @@ async def test_metrics_and_spans_after_some_calls(
             assert _value(samples, "satchel_context_phase_seconds_count", phase=phase) == 3
         assert _value(samples, "satchel_context_phase_seconds_sum", phase="total") > 0
         assert _value(samples, "satchel_context_calls_total", status="ok", served_facts="true") == 3
+        # Each hybrid call now found its scope in the episode index or not.
+        index = observed.runtime.value.episode_index.stats
+        assert _value(samples, "satchel_episode_index_hits_total") == index.hits
+        assert _value(samples, "satchel_episode_index_misses_total") == index.misses
+        assert index.hits + index.misses == 3
         # The facts' statements and the three queries were embedded.
         assert _value(samples, "satchel_embedding_seconds_count") >= 3
         assert _value(samples, "satchel_embedded_texts_total") >= len(CAROLINE) + 3

@@ -26,6 +26,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from satchel.server.config import ContextSettings
+from satchel.server.domain.episode_ranking import ScopeEvents
 from satchel.server.domain.retrieval import SourceReport, Weights, holds_top, unseen_score_bound
 from satchel.server.domain.text_query import MAX_QUERY_TERMS, TS_RANK_UNIT, query_terms
 from satchel.server.storage.memory import FACT_VISIBLE_AT
@@ -62,6 +63,8 @@ class QueryPlan:
     idfs: list[float] = field(default_factory=list)
     avg_tokens: float = 1.0
     scope_indexed: bool = False
+    # The version of the scope's events (hybrid ranking; None: not read), see episode_index.py.
+    events_version: int | None = None
 
 
 # Facts visible at %(at)s. "now" uses the partial indexes on active facts; as_of reads history.
@@ -380,19 +383,28 @@ _VISIBLE_EVENTS = """
     AND (NOT %(historical)s OR (e.occurred_at <= %(at)s AND e.recorded_at <= %(at)s))
 """
 _EVENT_RECENCY = _DECAY.format(since="satchel_epoch(e.occurred_at)")
-# The best events `top`, with whether the facts drawn from each are all hidden (one GIN lookup
-# for all of them).
-_EPISODES_TAIL = """
+# Whether the facts drawn from each of the events `top` are all hidden (one GIN lookup for all).
+_DRAWN = """
 drawn AS (
     SELECT s.event_id, bool_or({visible} AND NOT {expired} AND NOT {in_open_conflict}) AS shown
     FROM facts f CROSS JOIN LATERAL unnest(f.source_event_ids) AS s(event_id)
     WHERE f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s
       AND f.source_event_ids && (SELECT array_agg(id) FROM top)
     GROUP BY s.event_id
-)
-SELECT top.*, coalesce(NOT drawn.shown, false) AS source_facts_hidden
+)"""
+_SOURCE_FACTS_HIDDEN = "coalesce(NOT drawn.shown, false) AS source_facts_hidden"
+# The best events `top`, with whether the facts drawn from each are all hidden.
+_EPISODES_TAIL = f"""{_DRAWN}
+SELECT top.*, {_SOURCE_FACTS_HIDDEN}
 FROM top LEFT JOIN drawn ON drawn.event_id = top.id
 ORDER BY top.score DESC, top.id
+"""
+# The same flag for episodes ranked in memory (server/episode_index.py), by event id.
+_HIDDEN_SOURCES_SQL = f"""
+WITH top AS (SELECT unnest(%(event_ids)s::uuid[]) AS id),
+{_DRAWN}
+SELECT top.id::text AS id, {_SOURCE_FACTS_HIDDEN}
+FROM top LEFT JOIN drawn ON drawn.event_id = top.id
 """
 
 # The seed's episodes: the nearest events (HNSW), scored on cosine and recency.
@@ -448,8 +460,10 @@ scan AS MATERIALIZED (
 ),
 hits AS (SELECT id, raw FROM scan WHERE raw IS NOT NULL),
 text_full AS ({text_full}),
-by_vector AS (SELECT id FROM scan ORDER BY distance LIMIT %(episode_pool)s),
-by_text AS (SELECT id FROM hits ORDER BY raw DESC LIMIT %(episode_pool)s),
+by_vector AS (SELECT id FROM scan ORDER BY distance, id LIMIT %(episode_pool)s),
+by_text AS (
+    SELECT id FROM scan WHERE raw IS NOT NULL ORDER BY raw DESC, distance, id LIMIT %(episode_pool)s
+),
 pool AS (SELECT id FROM by_vector UNION SELECT id FROM by_text),
 pooled AS ({own_of_pool}),
 seeds AS (SELECT id, occurred_at FROM pooled ORDER BY own_score DESC, id LIMIT %(episode_k)s),
@@ -502,6 +516,10 @@ top AS (
     + _EPISODES_TAIL
 )
 
+# The version of a scope's events (migration 0018; 0 before its first write since).
+_EVENTS_VERSION = """SELECT coalesce(max(v.events), 0) AS events FROM scope_versions v
+    WHERE v.project_id = %(project_id)s AND v.subject_id = %(subject_id)s"""
+
 # Before the query is embedded, hybrid ranking: the query's lexemes (stemmed in its language)
 # found in at most `term_max_facts` documents (facts and events) of the scope, in query order,
 # with their IDF and the scope's average document length; the scope's active facts as in
@@ -528,7 +546,8 @@ SELECT coalesce(array_agg(lexeme ORDER BY position), '{{}}') AS terms,
        coalesce(array_agg(idf ORDER BY position), '{{}}') AS idfs,
        (SELECT greatest(tokens::float8 / greatest(documents, 1), 1.0) FROM sizes) AS avg_tokens,
        {_SCOPE_FACTS} AS scope_facts,
-       {_SCOPE_INDEXED} AS scope_indexed
+       {_SCOPE_INDEXED} AS scope_indexed,
+       ({_EVENTS_VERSION}) AS events_version
 FROM terms
 """
 
@@ -576,6 +595,7 @@ MULTI_HOP_SQL = _render(_MULTI_HOP_SQL.replace("{hop}", _HOP_BY_INDEX))
 MULTI_HOP_SCAN_SQL = _render(_MULTI_HOP_SQL.replace("{hop}", _HOP_BY_SCAN))
 EPISODES_SQL = _render(_EPISODES_SQL)
 HYBRID_EPISODES_SQL = _render(_HYBRID_EPISODES_SQL)
+HIDDEN_SOURCES_SQL = _render(_HIDDEN_SOURCES_SQL)
 
 
 def _scope_params(scope: Scope) -> dict[str, Any]:
@@ -653,6 +673,7 @@ async def plan_query(
             idfs=[float(x) for x in row["idfs"]],
             avg_tokens=float(row["avg_tokens"]),
             scope_indexed=bool(row["scope_indexed"]),
+            events_version=int(row["events_version"]),
         )
     params["terms"] = query_terms(query)
     cur = await conn.execute(_PLAN_SQL, params)
@@ -791,6 +812,76 @@ async def fetch_episodes(
             return await fetch_all(conn, EPISODES_SQL[variant], params)
     async with generic_plans(conn):
         return await fetch_all(conn, HYBRID_EPISODES_SQL[variant], params)
+
+
+async def fetch_hidden_sources(
+    conn: AsyncConnection, scope: Scope, cfg: ContextSettings, event_ids: Sequence[str]
+) -> dict[str, bool]:
+    """Whether the facts drawn from each event are all hidden (episodes ranked in memory)."""
+    if not event_ids:
+        return {}
+    params = {**_scope_params(scope), "event_ids": list(event_ids)}
+    async with generic_plans(conn):
+        rows = await fetch_all(conn, HIDDEN_SOURCES_SQL[(cfg.ranking, scope.historical)], params)
+    return {r["id"]: r["source_facts_hidden"] for r in rows}
+
+
+# A scope's events in conversation order with what hybrid ranking reads, and the version they
+# are (one statement: one snapshot). A scope without events still returns its version (one row
+# of NULL events); one more event than asked says the scope holds too many.
+_SCOPE_EVENTS_SQL = f"""
+WITH version AS ({_EVENTS_VERSION})
+SELECT version.events AS version, e.id::text AS id, e.kind, e.text, e.occurred_at,
+       (extract(epoch FROM e.occurred_at) * 1000000)::int8 AS occurred_us,
+       e.embedding, e.lexeme_tokens,
+       ARRAY(SELECT l.lexeme FROM unnest(e.lexemes) AS l) AS lexemes,
+       ARRAY(SELECT greatest(cardinality(l.positions), 1) FROM unnest(e.lexemes) AS l)
+           AS frequencies
+FROM version LEFT JOIN events e
+    ON e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+ORDER BY e.occurred_at, e.id
+LIMIT %(max_events)s + 1
+"""
+
+
+async def load_scope_events(
+    conn: AsyncConnection, project_id: str, subject_id: str, max_events: int
+) -> ScopeEvents | None:
+    """A scope's events as hybrid ranking reads them in memory; None above `max_events`."""
+    params = {"project_id": project_id, "subject_id": subject_id, "max_events": max_events}
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(_SCOPE_EVENTS_SQL, params)
+    rows = await cur.fetchall()
+    version = int(rows[0]["version"])
+    rows = [r for r in rows if r["id"] is not None]
+    if len(rows) > max_events:
+        return None
+    grouped: dict[str, tuple[list[int], list[int]]] = {}
+    for position, row in enumerate(rows):
+        for lexeme, frequency in zip(row["lexemes"], row["frequencies"], strict=True):
+            at, tf = grouped.setdefault(lexeme, ([], []))
+            at.append(position)
+            tf.append(frequency)
+    vectors = (
+        np.stack([r["embedding"].to_numpy() for r in rows]).astype(np.float32, copy=False)
+        if rows
+        else np.zeros((0, 0), dtype=np.float32)
+    )
+    return ScopeEvents(
+        version=version,
+        ids=[r["id"] for r in rows],
+        kinds=[r["kind"] for r in rows],
+        texts=[r["text"] for r in rows],
+        occurred_at=[r["occurred_at"] for r in rows],
+        occurred_us=np.array([r["occurred_us"] for r in rows], dtype=np.int64),
+        vectors=vectors,
+        norms=np.linalg.norm(vectors.astype(np.float64), axis=1),
+        lexeme_tokens=np.array([r["lexeme_tokens"] for r in rows], dtype=np.float64),
+        postings={
+            lexeme: (np.array(at, dtype=np.int64), np.array(tf, dtype=np.float64))
+            for lexeme, (at, tf) in grouped.items()
+        },
+    )
 
 
 @dataclass(frozen=True)

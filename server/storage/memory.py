@@ -779,8 +779,8 @@ async def _delete_facts(
 
 
 async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str | None) -> Deleted:
-    """Delete every event, fact, conflict, context call (with its decisions) and scope statistic
-    of one subject of a project, or of every subject (`subject_id` None)."""
+    """Delete every event, fact, conflict, context call (with its decisions), scope statistic
+    and version of one subject of a project, or of every subject (`subject_id` None)."""
     where = "project_id = %(project_id)s"
     if subject_id is not None:
         where += " AND subject_id = %(subject_id)s"
@@ -800,7 +800,8 @@ async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str 
     deleted.conflicts = await run(f"DELETE FROM conflict_sets WHERE {where}")
     deleted.facts = await run(f"DELETE FROM facts WHERE {where}")
     deleted.events = await run(f"DELETE FROM events WHERE {where}")
-    for table in ("fact_term_counts", "scope_lexemes", "scope_documents"):
+    # scope_versions last: deleting the events gave the scopes a new version (migration 0018).
+    for table in ("fact_term_counts", "scope_lexemes", "scope_documents", "scope_versions"):
         await run(f"DELETE FROM {table} WHERE {where}")
     return deleted
 
