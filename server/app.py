@@ -378,7 +378,7 @@ class SatchelServer:
             await self._server.stop(self.settings.shutdown_grace_seconds)
         runtime, self.runtime.value = self.runtime.value, None
         if runtime is not None:
-            await runtime.episode_index.close()
+            await runtime.scope_cache.close()
             for pool in runtime.pools.values():
                 await pool.close()
             await runtime.reads.close()

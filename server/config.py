@@ -79,11 +79,11 @@ class ContextSettings:
     episode_pool: int = 48
     episode_context_weight: float = 0.6
     episode_context_gap_seconds: float = 3600.0
-    # Hybrid episodes ranked in memory for the scopes read without changing
-    # (server/episode_index.py): at most this many MB of events held (0: off), and no scope
-    # of more events than this.
-    episode_index_mb: int = 256
-    episode_index_max_events: int = 50_000
+    # Hybrid ranking in memory for the scopes read without changing (server/scope_cache.py):
+    # at most this many MB of events and facts held (0: off), and no scope of more events (or
+    # facts) than this. Facts are held only for scopes scored exactly (`exact_scope_max`).
+    scope_cache_mb: int = 256
+    scope_cache_max_rows: int = 50_000
     # Hybrid: of two facts with one predicate whose vectors are at least this close, the newer
     # ranks first (a value stated again later; domain/updates.py). 0: off.
     newer_wins_similarity: float = 0.6
@@ -272,11 +272,8 @@ class Settings:
                 for name in WEIGHT_FIELDS
             ),
             (c.episode_pool >= 1, "SATCHEL_EPISODE_POOL must be positive"),
-            (c.episode_index_mb >= 0, "SATCHEL_EPISODE_INDEX_MB must not be negative"),
-            (
-                c.episode_index_max_events >= 0,
-                "SATCHEL_EPISODE_INDEX_MAX_EVENTS must not be negative",
-            ),
+            (c.scope_cache_mb >= 0, "SATCHEL_SCOPE_CACHE_MB must not be negative"),
+            (c.scope_cache_max_rows >= 0, "SATCHEL_SCOPE_CACHE_MAX_ROWS must not be negative"),
             (
                 0.0 <= c.newer_wins_similarity <= 1.0,
                 "SATCHEL_NEWER_WINS_SIMILARITY must be in [0, 1]",

@@ -23,13 +23,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 
+from satchel.server.config import ContextSettings
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.episode_ranking import EpisodeQuery, rank_episodes
+from satchel.server.domain.fact_ranking import FactQuery, ScopeFacts, hidden_sources, rank_facts
+from satchel.server.domain.fact_ranking import multi_hop as hop_facts
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
     EPISODE,
@@ -52,6 +55,7 @@ from satchel.server.storage import context as store
 from satchel.server.storage.pool import autocommit
 
 EPISODE_EXCERPT_CHARS = 600
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PREVIEW_CHARS = 160
 
 
@@ -195,21 +199,65 @@ def _likely_hop_sources(
     return _hop_sources(packer)
 
 
+def _done(value: Any) -> asyncio.Future[Any]:
+    """An awaitable that already holds `value` (rows ranked in memory)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def _micros(instant: datetime) -> int:
+    return (instant - EPOCH) // timedelta(microseconds=1)
+
+
+def _held_facts(runtime: Runtime, scope: store.Scope, plan: store.QueryPlan) -> ScopeFacts | None:
+    """The scope's facts when the cache holds them at the version this call reads (hybrid
+    ranking, now, a scope scored exactly)."""
+    cfg = runtime.settings.context
+    if (
+        cfg.ranking != "hybrid"
+        or scope.historical
+        or plan.facts_version is None
+        or plan.scope_facts > cfg.exact_scope_max
+    ):
+        return None
+    return runtime.scope_cache.facts(scope.project_id, scope.subject_id, plan.facts_version)
+
+
+def _fact_query(
+    cfg: ContextSettings, scope: store.Scope, vector: np.ndarray, plan: store.QueryPlan
+) -> FactQuery:
+    return FactQuery(
+        vector=vector,
+        terms=plan.terms,
+        idfs=plan.idfs,
+        avg_tokens=plan.avg_tokens,
+        at_epoch=scope.at.timestamp(),
+        at_us=_micros(scope.at),
+        tau_seconds=cfg.recency_tau_days * 86400.0,
+        w_similarity=cfg.weight_similarity,
+        w_text_rank=cfg.weight_text_rank,
+        w_recency=cfg.weight_recency,
+        candidate_limit=cfg.candidate_limit,
+        newer_wins=cfg.newer_wins_similarity,
+    )
+
+
 async def fetch_episodes(
     runtime: Runtime,
     scope: store.Scope,
     vector: np.ndarray,
     plan: store.QueryPlan,
     fetch: Callable[..., Awaitable[Any]],
+    facts: ScopeFacts | None = None,
 ) -> list[dict[str, Any]]:
-    """The scope's best episodes: ranked in memory when the episode index holds the scope at
-    the version this call reads (hybrid ranking, now), otherwise by the episodes statement."""
+    """The scope's best episodes: ranked in memory when the cache holds the scope's events at
+    the version this call reads (hybrid ranking, now), otherwise by the episodes statement;
+    whether their facts are all hidden, from the scope's `facts` when held."""
     cfg = runtime.settings.context
     events = None
     if cfg.ranking == "hybrid" and not scope.historical and plan.events_version is not None:
-        events = runtime.episode_index.lookup(
-            scope.project_id, scope.subject_id, plan.events_version
-        )
+        events = runtime.scope_cache.events(scope.project_id, scope.subject_id, plan.events_version)
     if events is None or cfg.episode_top_k == 0:
         return await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     query = EpisodeQuery(
@@ -229,7 +277,10 @@ async def fetch_episodes(
     )
     ranked = rank_episodes(events, query)
     ids = [events.ids[r.position] for r in ranked]
-    hidden = await fetch(store.fetch_hidden_sources, scope, cfg, ids)
+    if facts is not None:
+        hidden = hidden_sources(facts, _micros(scope.at), ids)
+    else:
+        hidden = await fetch(store.fetch_hidden_sources, scope, cfg, ids)
     return [
         {
             "id": events.ids[r.position],
@@ -318,9 +369,15 @@ async def assemble(
     # first (the SQL finds restatements in hybrid ranking only); seed: facts, multi-hop, then
     # episodes.
     hybrid = cfg.ranking == "hybrid"
-    facts = fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
-    facts_task = asyncio.ensure_future(facts)
-    episodes = fetch_episodes(runtime, scope, vector, plan, fetch)
+    held = _held_facts(runtime, scope, plan)
+    if held is not None:
+        in_memory = _fact_query(cfg, scope, vector, plan)
+        facts_task = _done(rank_facts(held, in_memory))
+    else:
+        facts_task = asyncio.ensure_future(
+            fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
+        )
+    episodes = fetch_episodes(runtime, scope, vector, plan, fetch, held)
     episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess
@@ -333,6 +390,18 @@ async def assemble(
 
         def multi_hop(entities: list[str]) -> asyncio.Future[list[dict[str, Any]]]:
             seen = list(rows_by_id)
+            if held is not None:
+                per_entity = cfg.multi_hop_max_per_entity
+                hops = hop_facts(
+                    held,
+                    in_memory,
+                    entities,
+                    set(seen),
+                    text_full or 1.0,
+                    per_entity,
+                    store.MULTI_HOP_SCAN_LIMIT,
+                )
+                return _done(hops)
             hop = fetch(
                 store.fetch_multi_hop, *(scope, vector, cfg, plan, entities, seen, text_full)
             )

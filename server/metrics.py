@@ -269,7 +269,7 @@ class RuntimeCollector(Collector):
         yield waiting
         for _, family, _ in counters:
             yield family
-        yield from self._episode_index(runtime)
+        yield from self._scope_cache(runtime)
         hub = runtime.traces
         if hub is not None:
             yield GaugeMetricFamily(
@@ -297,19 +297,20 @@ class RuntimeCollector(Collector):
                 yield CounterMetricFamily(name, doc, value=value)
 
     @staticmethod
-    def _episode_index(runtime: Runtime) -> Iterator[Metric]:
-        index = runtime.episode_index
+    def _scope_cache(runtime: Runtime) -> Iterator[Metric]:
+        cache = runtime.scope_cache
         yield GaugeMetricFamily(
-            "satchel_episode_index_scopes", "Scopes whose events are held in memory.", len(index)
+            "satchel_scope_cache_scopes", "Scopes' events and facts held in memory.", len(cache)
         )
-        yield GaugeMetricFamily(
-            "satchel_episode_index_bytes", "Memory the held events take.", index.bytes
-        )
-        for name, doc, value in (
-            ("hits", "Context calls whose episodes were ranked in memory.", index.stats.hits),
-            ("misses", "Hybrid calls now whose scope was not held.", index.stats.misses),
-            ("loads", "Scopes read into memory.", index.stats.loads),
-            ("too_large", "Loads of scopes beyond the event limit.", index.stats.too_large),
-            ("evictions", "Scopes dropped for the memory budget.", index.stats.evictions),
+        yield GaugeMetricFamily("satchel_scope_cache_bytes", "Memory they take.", cache.bytes)
+        for name, doc in (
+            ("hits", "Hybrid calls now that ranked this kind in memory."),
+            ("misses", "Hybrid calls now that found this kind not held at their version."),
+            ("loads", "Scopes' events or facts read into memory."),
+            ("too_large", "Loads beyond the row limit (or with infinite instants)."),
+            ("evictions", "Copies dropped for the memory budget."),
         ):
-            yield CounterMetricFamily(f"satchel_episode_index_{name}", doc, value=value)
+            family = CounterMetricFamily(f"satchel_scope_cache_{name}", doc, labels=["kind"])
+            for kind, stats in cache.stats.items():
+                family.add_metric([kind], getattr(stats, name))
+            yield family

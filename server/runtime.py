@@ -14,8 +14,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from satchel.server.config import Settings
 from satchel.server.embedding.port import Embedder
-from satchel.server.episode_index import EpisodeIndex
 from satchel.server.reads import ReadRouter, ReadTarget
+from satchel.server.scope_cache import ScopeCache
 from satchel.server.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -46,16 +46,16 @@ class Runtime:
     # Where reads go (the primary alone unless SATCHEL_DATABASE_READ_URLS names replicas).
     reads: ReadRouter = field(init=False)
     replicas: list[ReadTarget] = field(default_factory=list)
-    # The events of the scopes read most, for hybrid episode ranking in memory.
-    episode_index: EpisodeIndex = field(init=False)
+    # The events and facts of the scopes read most, for hybrid ranking in memory.
+    scope_cache: ScopeCache = field(init=False)
 
     def __post_init__(self) -> None:
         primary = ReadTarget("primary", self.pool, self.context_pool)
         wait = self.settings.read_replica_max_wait_seconds
         self.reads = ReadRouter(primary, self.replicas, max_wait=wait)
         context = self.settings.context
-        self.episode_index = EpisodeIndex(
-            self.pool, context.episode_index_mb * 2**20, context.episode_index_max_events
+        self.scope_cache = ScopeCache(
+            self.pool, context.scope_cache_mb * 2**20, context.scope_cache_max_rows
         )
 
     @property

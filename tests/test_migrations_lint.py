@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SQUAWK = str(Path(sys.executable).parent / "squawk")
 CONFIG = ROOT / ".squawk.toml"
 LAST_RELEASED = 11  # migrations up to this number are excluded from the lint (released)
-HEAD = "-- depends: 0018_scope_event_versions\n"
+HEAD = "-- depends: 0018_scope_versions\n"
 # The README's recipe: a failed concurrent build leaves an INVALID index behind, dropped on retry.
 CONCURRENT = (
     "SET lock_timeout = '5s';\n"

@@ -126,11 +126,14 @@ async def test_metrics_and_spans_after_some_calls(
             assert _value(samples, "satchel_context_phase_seconds_count", phase=phase) == 3
         assert _value(samples, "satchel_context_phase_seconds_sum", phase="total") > 0
         assert _value(samples, "satchel_context_calls_total", status="ok", served_facts="true") == 3
-        # Each hybrid call now found its scope in the episode index or not.
-        index = observed.runtime.value.episode_index.stats
-        assert _value(samples, "satchel_episode_index_hits_total") == index.hits
-        assert _value(samples, "satchel_episode_index_misses_total") == index.misses
-        assert index.hits + index.misses == 3
+        # Each hybrid call found the scope's facts in memory or not (no event was ever written:
+        # version 0, never held nor counted).
+        cache = observed.runtime.value.scope_cache.stats
+        for kind, stats in cache.items():
+            assert _value(samples, "satchel_scope_cache_hits_total", kind=kind) == stats.hits
+            assert _value(samples, "satchel_scope_cache_misses_total", kind=kind) == stats.misses
+        assert cache["facts"].hits + cache["facts"].misses == 3
+        assert cache["events"].hits + cache["events"].misses == 0
         # The facts' statements and the three queries were embedded.
         assert _value(samples, "satchel_embedding_seconds_count") >= 3
         assert _value(samples, "satchel_embedded_texts_total") >= len(CAROLINE) + 3

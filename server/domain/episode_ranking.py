@@ -7,7 +7,7 @@ the `pool` best text matches, scored on similarity, text rank and recency (own s
 `k` of them look for their neighbours in the conversation (the events just before and after,
 within `gap`); each event is lifted to weight x its best neighbour's own score + (1 - weight) x
 its own when that is higher; the best `k`. A server holds a scope's events this way while they
-do not change (`server/episode_index.py`); the statement serves every other call.
+do not change (`server/scope_cache.py`); the statement serves every other call.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-BM25_K1 = 1.2
-BM25_B = 0.75
-MIN_TEXT_FULL = 1e-12  # the statement's floor of the best BM25 (no match: every rank 0)
-MIN_EXPONENT = -700.0  # the statement's floor of the recency exponent
+from satchel.server.domain.hybrid_scores import best, bm25, cosine_similarity, decay, text_ranks
 
 
 @dataclass(frozen=True)
@@ -93,50 +90,25 @@ class RankedEpisode:
     context_similarity: float
 
 
-def _bm25(events: ScopeEvents, query: EpisodeQuery) -> np.ndarray:
-    """Each event's raw BM25 for the searched lexemes; NaN where it holds none of them."""
-    raw = np.full(len(events), np.nan)
-    norm = BM25_K1 * ((1 - BM25_B) + BM25_B * events.lexeme_tokens / query.avg_tokens)
-    for term, idf in zip(query.terms, query.idfs, strict=True):
-        posting = events.postings.get(term)
-        if posting is None:
-            continue
-        at, tf = posting
-        part = idf * tf * (BM25_K1 + 1) / (tf + norm[at])
-        raw[at] = np.where(np.isnan(raw[at]), part, raw[at] + part)
-    return raw
-
-
-def _best(positions: np.ndarray, count: int, *keys: np.ndarray) -> np.ndarray:
-    """The `count` positions lowest by `keys` (the first decides, the next break its ties)."""
-    if len(positions) <= count:
-        return positions
-    return positions[np.lexsort(tuple(key[positions] for key in reversed(keys)))[:count]]
-
-
 def rank_episodes(events: ScopeEvents, query: EpisodeQuery) -> list[RankedEpisode]:
     """The best `query.k` episodes, best first (ties by id), as the hybrid statement ranks them."""
     if len(events) == 0 or query.k == 0:
         return []
-    vector = np.asarray(query.vector, dtype=np.float32)
-    cosine = (events.vectors @ vector) / (events.norms * float(np.linalg.norm(vector)))
-    distance = 1.0 - np.clip(cosine, -1.0, 1.0)
-    similarity = 1.0 - distance
-    raw = _bm25(events, query)
+    similarity = cosine_similarity(events.vectors, events.norms, query.vector)
+    distance = 1.0 - similarity
+    raw = bm25(events.postings, events.lexeme_tokens, query.terms, query.idfs, query.avg_tokens)
     matched = np.flatnonzero(~np.isnan(raw))
-    text_full = max(float(raw[matched].max()) if len(matched) else 0.0, MIN_TEXT_FULL)
-    text_rank = np.where(np.isnan(raw), 0.0, np.minimum(1.0, np.nan_to_num(raw) / text_full))
-    exponent = np.minimum(events.occurred_us / 1e6 - query.at_epoch, 0.0) / query.tau_seconds
-    recency = np.exp(np.maximum(exponent, MIN_EXPONENT))
+    text_rank, _ = text_ranks(raw, matched)
+    recency = decay(events.occurred_us / 1e6, query.at_epoch, query.tau_seconds)
     own = (
         query.w_similarity * similarity + query.w_text_rank * text_rank + query.w_recency * recency
     )
 
     id_order = events.id_order
-    by_vector = _best(np.arange(len(events)), query.pool, distance, id_order)
-    by_text = _best(matched, query.pool, -raw, distance, id_order)
+    by_vector = best(np.arange(len(events)), query.pool, distance, id_order)
+    by_text = best(matched, query.pool, -raw, distance, id_order)
     pooled = np.union1d(by_vector, by_text)
-    seeds = _best(pooled, query.k, -own, id_order).tolist()
+    seeds = best(pooled, query.k, -own, id_order).tolist()
 
     occurred = events.occurred_us
     partners: dict[int, list[int]] = {}
@@ -158,7 +130,7 @@ def rank_episodes(events: ScopeEvents, query: EpisodeQuery) -> list[RankedEpisod
     weight = query.context_weight
     lifted = weight * context + (1 - weight) * own[scored]
     score = np.maximum(own[scored], lifted)
-    best = np.lexsort((id_order[scored], -score))[: query.k]
+    top = np.lexsort((id_order[scored], -score))[: query.k]
     return [
         RankedEpisode(
             position=int(scored[n]),
@@ -168,5 +140,5 @@ def rank_episodes(events: ScopeEvents, query: EpisodeQuery) -> list[RankedEpisod
             score=float(score[n]),
             context_similarity=float(context_similarity[n]) if lifted[n] > own[scored[n]] else 0.0,
         )
-        for n in best.tolist()
+        for n in top.tolist()
     ]

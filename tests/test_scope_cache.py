@@ -1,7 +1,8 @@
-"""Episodes ranked in memory (server/episode_index.py, domain/episode_ranking.py) against the
-real database and model: the same episodes, scores and flags as the hybrid episodes statement;
-a scope is held only while its events do not change (migration 0018's version), loaded once it
-is read twice at one version, within its bounds."""
+"""Scopes ranked in memory (server/scope_cache.py, domain/episode_ranking.py and
+fact_ranking.py) against the real database and model: the same episodes, facts, multi-hop
+facts, scores and flags as the hybrid statements; a scope is held only while its events (or
+facts) do not change (migration 0018's versions), loaded once it is read twice at one version,
+within its bounds."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from datetime import UTC, datetime, timedelta
 
 import grpc
 import numpy as np
+from google.protobuf import duration_pb2
 from memory_helpers import event_request, fact_request
 from memory_helpers import stub as memory_stub
 from test_context import SUBJECT, assemble, ts
 
 from satchel.server import context as assembly
 from satchel.server.domain.episode_ranking import ScopeEvents
-from satchel.server.episode_index import EpisodeIndex
+from satchel.server.domain.fact_ranking import multi_hop as hop_facts
+from satchel.server.domain.fact_ranking import rank_facts
 from satchel.server.runtime import Runtime
+from satchel.server.scope_cache import EVENTS, FACTS, ScopeCache
 from satchel.server.storage import context as store
 from satchel.v1 import memory_pb2
 
@@ -116,6 +120,17 @@ async def load_conversation(channel: grpc.aio.Channel, project_id: str) -> list[
     await memory.RetireFact(
         memory_pb2.RetireFactRequest(project_id=project_id, fact_id=retired.fact.id, reason="x")
     )
+    await memory.AssertFact(  # expired: its episode is flagged too
+        fact_request(
+            project_id,
+            predicate="dog_sleep",
+            value="all day",
+            statement="Biscuit sleeps all day",
+            valid_from=ts(datetime.now(UTC) - timedelta(days=1)),
+            stale_after=duration_pb2.Duration(seconds=60),
+            source_event_ids=[ids[2]],
+        )
+    )
     return ids
 
 
@@ -133,7 +148,7 @@ async def both_rankings(runtime, scope: store.Scope, query: str, events: ScopeEv
     """The episodes of `query` from the statement and from memory (`events` held)."""
     cfg = runtime.settings.context
     vector = await runtime.embed_query(query)
-    index = runtime.episode_index
+    index = runtime.scope_cache
 
     async def fetch(statement, *args):
         async with runtime.pool.connection() as conn:
@@ -143,11 +158,21 @@ async def both_rankings(runtime, scope: store.Scope, query: str, events: ScopeEv
         plan = await store.plan_query(conn, scope, query, cfg)
     assert plan.events_version == events.version
     from_statement = await fetch(store.fetch_episodes, scope, vector, cfg, plan)
-    hits = index.stats.hits
-    index.put((scope.project_id, scope.subject_id), events)
+    hits = index.stats[EVENTS].hits
+    index.put((EVENTS, scope.project_id, scope.subject_id), events)
     from_memory = await assembly.fetch_episodes(runtime, scope, vector, plan, fetch)
-    assert index.stats.hits == hits + 1, "served from memory"
+    assert index.stats[EVENTS].hits == hits + 1, "served from memory"
+    # With the scope's facts held too, the hidden sources are found in memory.
+    async with runtime.pool.connection() as conn:
+        facts = await store.load_scope_facts(conn, scope.project_id, scope.subject_id, 1000)
+    assert facts is not None
+    all_in_memory = await assembly.fetch_episodes(runtime, scope, vector, plan, fail, facts)
+    assert all_in_memory == from_memory
     return from_statement, from_memory
+
+
+async def fail(*args: object) -> None:
+    raise AssertionError("no statement expected")
 
 
 def assert_same_episodes(expected: list[dict], actual: list[dict]) -> None:
@@ -176,7 +201,7 @@ async def test_episodes_ranked_in_memory_equal_the_statements(
     ids = await load_conversation(channel, project_id)
     runtime = server.runtime.value
     async with runtime.pool.connection() as conn:
-        events = await store.load_scope_events(conn, project_id, SUBJECT, max_events=1000)
+        events = await store.load_scope_events(conn, project_id, SUBJECT, max_rows=1000)
     assert events is not None and events.ids == ids  # in conversation order
     assert events.postings["run"][1].tolist() == [3.0]  # "runs and runs and runs"
     scope = scope_of(project_id)
@@ -201,14 +226,14 @@ async def test_a_scope_read_twice_unchanged_is_then_served_from_memory(
     channel: grpc.aio.Channel, project_id: str, server
 ) -> None:
     await load_conversation(channel, project_id)
-    index: EpisodeIndex = server.runtime.value.episode_index
+    index: ScopeCache = server.runtime.value.scope_cache
     query = "What did the dog steal?"
     first = await assemble(channel, project_id, query)
     await assemble(channel, project_id, query)  # the second read at this version: loaded
     await index.wait_loaded()
-    hits = index.stats.hits
+    hits = index.stats[EVENTS].hits
     served = await assemble(channel, project_id, query)
-    assert index.stats.hits == hits + 1
+    assert index.stats[EVENTS].hits == hits + 1
     assert [e.event_id for e in served.packet.episodes] == [
         e.event_id for e in first.packet.episodes
     ]
@@ -222,12 +247,12 @@ async def test_a_scope_read_twice_unchanged_is_then_served_from_memory(
         )
     )
     after = await assemble(channel, project_id, "What did Biscuit steal?")
-    assert index.stats.hits == hits + 1
+    assert index.stats[EVENTS].hits == hits + 1
     assert new.event.id in [e.event_id for e in after.packet.episodes]
     await assemble(channel, project_id, "What did Biscuit steal?")
     await index.wait_loaded()
     again = await assemble(channel, project_id, "What did Biscuit steal?")
-    assert index.stats.hits == hits + 2
+    assert index.stats[EVENTS].hits == hits + 2
     assert [e.event_id for e in again.packet.episodes] == [
         e.event_id for e in after.packet.episodes
     ]
@@ -237,12 +262,12 @@ async def test_a_scope_read_twice_unchanged_is_then_served_from_memory(
         memory_pb2.DeleteEventRequest(project_id=project_id, event_id=new.event.id)
     )
     gone = await assemble(channel, project_id, "What did Biscuit steal?")
-    assert index.stats.hits == hits + 2
+    assert index.stats[EVENTS].hits == hits + 2
     assert new.event.id not in [e.event_id for e in gone.packet.episodes]
 
     # A call as of a past instant reads the statement (history is not held).
     await assemble(channel, project_id, query, as_of=ts(datetime.now(UTC)))
-    assert index.stats.hits == hits + 2
+    assert index.stats[EVENTS].hits == hits + 2
 
 
 async def version_of(runtime: Runtime, project_id: str) -> int:
@@ -282,9 +307,9 @@ async def test_every_write_of_a_scopes_events_gives_it_a_new_version(
             "SELECT subject_id FROM scope_versions WHERE project_id = %s", (project_id,)
         )
         assert await cur.fetchall() == [("user-2",)]
-    index = EpisodeIndex(runtime.pool, max_bytes=2**20, max_events=100)
-    index.put((project_id, SUBJECT), fake_events(0, 1))
-    assert index.lookup(project_id, SUBJECT, 0) is None
+    index = ScopeCache(runtime.pool, max_bytes=2**20, max_rows=100)
+    index.put((EVENTS, project_id, SUBJECT), fake_events(0, 1))
+    assert index.events(project_id, SUBJECT, 0) is None
     assert other.event.id
 
 
@@ -307,17 +332,17 @@ def fake_events(version: int, count: int) -> ScopeEvents:
 
 def test_the_index_holds_at_most_its_budget_dropping_the_least_recently_read() -> None:
     sizes = fake_events(1, 10).nbytes
-    index = EpisodeIndex(pool=None, max_bytes=2 * sizes + sizes // 2, max_events=100)  # type: ignore[arg-type]
+    index = ScopeCache(pool=None, max_bytes=2 * sizes + sizes // 2, max_rows=100)  # type: ignore[arg-type]
     for scope in ("a", "b"):
-        index.put(("p", scope), fake_events(1, 10))
-    assert index.lookup("p", "a", 1) is not None  # "a" read: "b" is now the oldest
-    index.put(("p", "c"), fake_events(1, 10))
-    assert index.lookup("p", "b", 1) is None
-    assert index.lookup("p", "a", 1) is not None and index.lookup("p", "c", 1) is not None
-    assert index.bytes <= index.max_bytes and index.stats.evictions == 1
-    assert index.lookup("p", "a", 2) is None, "another version is not served"
-    index.put(("p", "huge"), fake_events(1, 40))  # more than the whole budget: not held
-    assert index.lookup("p", "huge", 1) is None and len(index) == 2
+        index.put((EVENTS, "p", scope), fake_events(1, 10))
+    assert index.events("p", "a", 1) is not None  # "a" read: "b" is now the oldest
+    index.put((EVENTS, "p", "c"), fake_events(1, 10))
+    assert index.events("p", "b", 1) is None
+    assert index.events("p", "a", 1) is not None and index.events("p", "c", 1) is not None
+    assert index.bytes <= index.max_bytes and index.stats[EVENTS].evictions == 1
+    assert index.events("p", "a", 2) is None, "another version is not served"
+    index.put((EVENTS, "p", "huge"), fake_events(1, 40))  # more than the whole budget: not held
+    assert index.events("p", "huge", 1) is None and len(index) == 2
 
 
 async def test_a_scope_beyond_the_event_limit_is_not_held(
@@ -329,11 +354,215 @@ async def test_a_scope_beyond_the_event_limit_is_not_held(
         )
     runtime = server.runtime.value
     version = await version_of(runtime, project_id)
-    index = EpisodeIndex(runtime.pool, max_bytes=2**20, max_events=3)
+    index = ScopeCache(runtime.pool, max_bytes=2**20, max_rows=3)
     for _ in range(3):
-        assert index.lookup(project_id, SUBJECT, version) is None
+        assert index.events(project_id, SUBJECT, version) is None
         await index.wait_loaded()
-    assert (index.stats.loads, index.stats.too_large, len(index)) == (1, 1, 0)
+    assert (index.stats[EVENTS].loads, index.stats[EVENTS].too_large, len(index)) == (1, 1, 0)
     async with runtime.pool.connection() as conn:
         assert await store.load_scope_events(conn, project_id, SUBJECT, 3) is None
         assert await store.load_scope_events(conn, project_id, SUBJECT, 4) is not None
+
+
+FACTS_NOW = datetime.now(UTC)
+# (predicate, statement, days ago it became valid, extra fields)
+STATED = [
+    ("dog", "Maya has a rescue greyhound called Biscuit", 300, {}),
+    ("dog_food", "Biscuit eats salmon kibble twice a day", 200, {}),
+    ("home", "Tom lives in a flat near the river", 40, {}),
+    ("home", "Tom lives in the river flat since May", 10, {}),  # restates the one above
+    ("home", "Tom lived with his sister Lena before", 400, {}),
+    ("job", "Maya works on the mobile app team", 90, {}),
+    ("trip", "Maya is in Porto this week", 20, {"stale_after": timedelta(days=7)}),
+    ("sister", "Lena is Tom's sister and visits in June", 5, {}),
+    ("gym", "Tom goes to the gym on Mondays", 60, {"valid_to": FACTS_NOW - timedelta(days=1)}),
+    ("gym", "Tom runs by the river and runs again at dusk", 2, {}),
+    ("desk", "Maya bought her desk at the flea market", 100, {}),
+    ("desk", "Maya's desk is made of oak", 100, {}),
+    ("car", "Tom sold his car", 30, {"valid_to": FACTS_NOW + timedelta(days=30)}),
+    ("pay", "Maya earns more since the launch", 15, {}),
+]
+FACT_QUERIES = [
+    "Where does Tom live?",
+    "What does Biscuit eat?",
+    "Where is Maya this week?",
+    "Who is Lena?",
+    "Where did Maya buy her desk?",
+    "running by the river",
+    "weather in Madrid",
+]
+
+
+async def load_facts(channel: grpc.aio.Channel, project_id: str) -> list[str]:
+    """The facts above; two in an open conflict, two in a resolved one, one superseded."""
+    memory = memory_stub(channel)
+    ids = []
+    for predicate, statement, days, extra in STATED:
+        fields = {key: value for key, value in extra.items() if key != "stale_after"}
+        if "stale_after" in extra:
+            fields["stale_after"] = duration_pb2.Duration(
+                seconds=int(extra["stale_after"].total_seconds())
+            )
+        if "valid_to" in extra:
+            fields["valid_to"] = ts(extra["valid_to"])
+        reply = await memory.AssertFact(
+            fact_request(
+                project_id,
+                predicate=predicate,
+                value=statement,
+                statement=statement,
+                valid_from=ts(FACTS_NOW - timedelta(days=days)),
+                **{k: v for k, v in fields.items() if k != "valid_from"},
+            )
+        )
+        ids.append(reply.fact.id)
+    await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[ids[10], ids[11]]
+        )
+    )
+    resolved = await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[ids[1], ids[5]]
+        )
+    )
+    await memory.ResolveConflict(
+        memory_pb2.ResolveConflictRequest(
+            project_id=project_id, conflict_id=resolved.conflict.id, winning_fact_id=ids[1]
+        )
+    )
+    await memory.AssertFact(
+        fact_request(
+            project_id,
+            predicate="pay",
+            value="more",
+            statement="Maya earns a lot more since the launch",
+            supersedes_fact_ids=[ids[13]],
+        )
+    )
+    return ids
+
+
+def assert_same_facts(expected: list[dict], actual: list[dict], text_full: bool = True) -> None:
+    """Same facts, score parts, flags and restatements (ties may swap, as for episodes)."""
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        if str(want["id"]) != got["id"]:
+            assert math.isclose(want["score"], got["score"], abs_tol=1e-6)
+        for part in ("score", "similarity", "text_rank", "recency", "since_epoch"):
+            assert math.isclose(want[part], got[part], abs_tol=1e-6), part
+        if text_full:
+            assert math.isclose(want["text_full"], got["text_full"], rel_tol=1e-9)
+    by_id = {str(row["id"]): row for row in expected}
+    for row in actual:
+        want = by_id[row["id"]]
+        for column in ("predicate", "value", "statement", "valid_from", "expired"):
+            assert row[column] == want[column], column
+        assert row["in_open_conflict"] == want["in_open_conflict"]
+        assert math.isclose(row["confidence"], want["confidence"])
+        assert row["source_event_ids"] == [str(e) for e in want["source_event_ids"]]
+        assert sorted(row["restates"]) == sorted(str(o) for o in want["restates"])
+
+
+async def test_facts_ranked_in_memory_equal_the_statements(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    ids = await load_facts(channel, project_id)
+    runtime = server.runtime.value
+    cfg = runtime.settings.context
+    scope = scope_of(project_id)
+    async with runtime.pool.connection() as conn:
+        held = await store.load_scope_facts(conn, project_id, SUBJECT, max_rows=1000)
+        cur = await conn.execute(
+            "SELECT id::text FROM facts WHERE project_id = %s AND status = 'active' ORDER BY id",
+            (project_id,),
+        )
+        active = [fact_id for (fact_id,) in await cur.fetchall()]
+    assert held is not None and held.ids == active and ids[13] not in active
+    flags = restated = 0
+    for query in FACT_QUERIES:
+        vector = await runtime.embed_query(query)
+        async with runtime.pool.connection() as conn:
+            plan = await store.plan_query(conn, scope, query, cfg)
+            assert plan.facts_version == held.version
+            expected = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
+            fact_query = assembly._fact_query(cfg, scope, vector, plan)
+            actual = rank_facts(held, fact_query)
+            assert_same_facts(expected, actual)
+            flags += sum(1 for r in actual if r["expired"] or r["in_open_conflict"])
+            restated += sum(1 for r in actual if r["restates"])
+            # Multi-hop from the best two, on a name and a word the scope holds.
+            seen = [str(r["id"]) for r in expected[:2]]
+            text_full = float(expected[0]["text_full"])
+            entities = ["Lena", "Biscuit", "Nobody"]
+            hops = await store.fetch_multi_hop(
+                conn, scope, vector, cfg, plan, entities, seen, text_full
+            )
+        in_memory = hop_facts(
+            held, fact_query, entities, set(seen), text_full, cfg.multi_hop_max_per_entity, 256
+        )
+        assert hops and not {r["id"] for r in in_memory} & set(seen)
+        assert_same_facts(hops, in_memory, text_full=False)
+    assert flags and restated, "the flags and restatements were compared"
+    assert ids
+
+
+async def test_a_write_of_facts_or_conflicts_moves_the_facts_version(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    runtime = server.runtime.value
+    memory = memory_stub(channel)
+
+    async def facts_version() -> int:
+        async with runtime.pool.connection() as conn:
+            plan = await store.plan_query(conn, scope_of(project_id), "x", runtime.settings.context)
+        assert plan.facts_version is not None
+        return plan.facts_version
+
+    seen = [await facts_version()]
+    first = await memory.AssertFact(fact_request(project_id, predicate="a", value="1"))
+    seen.append(await facts_version())
+    second = await memory.AssertFact(fact_request(project_id, predicate="b", value="2"))
+    seen.append(await facts_version())
+    opened = await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[first.fact.id, second.fact.id]
+        )
+    )
+    seen.append(await facts_version())
+    await memory.ResolveConflict(
+        memory_pb2.ResolveConflictRequest(
+            project_id=project_id, conflict_id=opened.conflict.id, winning_fact_id=first.fact.id
+        )
+    )
+    seen.append(await facts_version())
+    await memory.RetireFact(
+        memory_pb2.RetireFactRequest(project_id=project_id, fact_id=first.fact.id, reason="x")
+    )
+    seen.append(await facts_version())
+    await memory.RecordEvent(event_request(project_id))
+    assert await facts_version() == seen[-1], "events do not move it"
+    assert seen[0] == 0 and len(set(seen)) == len(seen)
+
+
+async def test_a_scope_read_twice_unchanged_serves_its_facts_from_memory(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    await load_facts(channel, project_id)
+    cache: ScopeCache = server.runtime.value.scope_cache
+    query = "Where does Tom live?"
+    first = await assemble(channel, project_id, query)
+    await assemble(channel, project_id, query)
+    await cache.wait_loaded()
+    hits = cache.stats[FACTS].hits
+    served = await assemble(channel, project_id, query)
+    assert cache.stats[FACTS].hits == hits + 1
+    assert [f.id for f in served.packet.facts] == [f.id for f in first.packet.facts]
+    # A retired fact is never served from the copy that still holds it.
+    retired = served.packet.facts[0].id
+    await memory_stub(channel).RetireFact(
+        memory_pb2.RetireFactRequest(project_id=project_id, fact_id=retired, reason="moved")
+    )
+    after = await assemble(channel, project_id, query)
+    assert cache.stats[FACTS].hits == hits + 1
+    assert retired not in [f.id for f in after.packet.facts]

@@ -1,0 +1,155 @@
+"""In-memory copies of the scopes a server reads most: their events and their facts.
+
+Hybrid ranking scores every event and every fact of a scope (cosine and BM25); done by the
+database, these are the costliest statements of a context call. A scope that is read without
+changing is worth holding in memory: the second call that finds a scope's events (or facts) at
+the same version (migration 0018: every write gives them a new one) has them loaded in the
+background, and the calls that find them at that version rank them in memory
+(`domain.episode_ranking`, `domain.fact_ranking`: the statements' ranking step for step). A
+write moves the version: the calls after it use the statements until the scope is read twice at
+its new version, so a scope written between every read (an agent's own loop) is never loaded
+for nothing. A scope at version 0 (not written since the migration, or deleted) is never held.
+
+Bounded: a scope with more than `max_rows` events (or facts) is not held, and the least
+recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from psycopg_pool import AsyncConnectionPool
+
+from satchel.server.domain.episode_ranking import ScopeEvents
+from satchel.server.domain.fact_ranking import ScopeFacts
+from satchel.server.storage.context import load_scope_events, load_scope_facts
+from satchel.server.storage.pool import autocommit
+
+log = logging.getLogger(__name__)
+
+EVENTS, FACTS = "events", "facts"
+ScopeKey = tuple[str, str, str]  # (EVENTS or FACTS, project_id, subject_id)
+Held = ScopeEvents | ScopeFacts
+_LOADERS = {EVENTS: load_scope_events, FACTS: load_scope_facts}
+# A scope not written since migration 0018, or deleted (its version row goes with it): never
+# held, as two different states of the scope share it.
+NO_VERSION = 0
+MAX_SIGHTINGS = 65_536  # scopes whose last version read is remembered
+
+
+@dataclass
+class ScopeCacheStats:
+    """What the cache did with one kind (events or facts) since the server started."""
+
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    too_large: int = 0
+    evictions: int = 0
+
+
+class ScopeCache:
+    """Scopes' events and facts held in memory, each at the version it was loaded."""
+
+    def __init__(self, pool: AsyncConnectionPool, max_bytes: int, max_rows: int) -> None:
+        self._pool = pool
+        self.max_bytes = max_bytes
+        self.max_rows = max_rows
+        self._scopes: OrderedDict[ScopeKey, Held] = OrderedDict()
+        self._sightings: OrderedDict[ScopeKey, int] = OrderedDict()
+        self._too_large: dict[ScopeKey, int] = {}
+        self._queue: list[ScopeKey] = []
+        self._loader: asyncio.Task[None] | None = None
+        self.bytes = 0
+        self.stats = {EVENTS: ScopeCacheStats(), FACTS: ScopeCacheStats()}
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0 and self.max_rows > 0
+
+    def __len__(self) -> int:
+        return len(self._scopes)
+
+    def events(self, project_id: str, subject_id: str, version: int) -> ScopeEvents | None:
+        """The scope's events if held at `version` (see `lookup`)."""
+        held = self.lookup((EVENTS, project_id, subject_id), version)
+        assert held is None or isinstance(held, ScopeEvents)
+        return held
+
+    def facts(self, project_id: str, subject_id: str, version: int) -> ScopeFacts | None:
+        """The scope's active facts if held at `version` (see `lookup`)."""
+        held = self.lookup((FACTS, project_id, subject_id), version)
+        assert held is None or isinstance(held, ScopeFacts)
+        return held
+
+    def lookup(self, key: ScopeKey, version: int) -> Held | None:
+        """What `key` names if held at `version`; otherwise None, and it is loaded when this
+        is the second call in a row to find it at this version."""
+        if not self.enabled or version == NO_VERSION:
+            return None
+        stats = self.stats[key[0]]
+        held = self._scopes.get(key)
+        if held is not None and held.version == version:
+            self._scopes.move_to_end(key)
+            stats.hits += 1
+            return held
+        stats.misses += 1
+        if self._sightings.get(key) == version and self._too_large.get(key) != version:
+            self._enqueue(key)
+        self._sightings[key] = version
+        self._sightings.move_to_end(key)
+        if len(self._sightings) > MAX_SIGHTINGS:
+            self._sightings.popitem(last=False)
+        return None
+
+    def _enqueue(self, key: ScopeKey) -> None:
+        if key not in self._queue:
+            self._queue.append(key)
+        if self._loader is None or self._loader.done():
+            self._loader = asyncio.create_task(self._load_queued(), name="scope-cache-load")
+
+    async def _load_queued(self) -> None:
+        while self._queue:
+            key = self._queue.pop(0)
+            kind, project_id, subject_id = key
+            try:
+                async with autocommit(self._pool) as conn:
+                    held = await _LOADERS[kind](conn, project_id, subject_id, self.max_rows)
+            except Exception:  # the calls keep using the statements
+                log.exception("scope cache: loading %s failed", key)
+                continue
+            self.stats[kind].loads += 1
+            if held is None:
+                self.stats[kind].too_large += 1
+                self._too_large[key] = self._sightings.get(key, -1)
+                continue
+            self.put(key, held)
+
+    def put(self, key: ScopeKey, held: Held) -> None:
+        """Hold a scope's events or facts, dropping the least recently read beyond the budget."""
+        previous = self._scopes.pop(key, None)
+        if previous is not None:
+            self.bytes -= previous.nbytes
+        if held.nbytes > self.max_bytes:
+            return
+        self._scopes[key] = held
+        self.bytes += held.nbytes
+        while self.bytes > self.max_bytes:
+            (kind, _, _), dropped = self._scopes.popitem(last=False)
+            self.bytes -= dropped.nbytes
+            self.stats[kind].evictions += 1
+
+    async def wait_loaded(self) -> None:
+        """Wait for the loads queued so far (tests, benchmarks)."""
+        while self._loader is not None and not self._loader.done():
+            await asyncio.shield(self._loader)
+
+    async def close(self) -> None:
+        """Stop loading."""
+        self._queue.clear()
+        if self._loader is not None:
+            self._loader.cancel()
+            await asyncio.gather(self._loader, return_exceptions=True)
