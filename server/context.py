@@ -5,11 +5,13 @@ collects them. After each packing pass it yields `PASS_END`: what was decided so
 sent together, the next decisions wait for the database.
 
 Order of work: embed the query (meanwhile, the database to read is chosen, `reads.ReadRouter`,
-and the searched terms are looked up there); fetch scored fact candidates (two-phase) and
-episodes; pack (hybrid ranking: facts and episodes in one list; seed: the facts); if budget
-remains, one multi-hop pass over entities of the retained facts (full-text only, never gated);
-seed only: the episodes into what remains; persist the trace (on the primary); the packet.
-What the packet already says is left out (`source_already_served`).
+and the searched terms and the scope's versions are looked up there); fetch scored fact
+candidates (two-phase) and episodes, or rank them in memory where the scope cache holds the
+scope at those versions (`scope_cache.py`); pack (hybrid ranking: facts and episodes in one
+list; seed: the facts); if budget remains, one multi-hop pass over entities of the retained
+facts (full-text only, never gated); seed only: the episodes into what remains; persist the
+trace (on the primary); the packet. What the packet already says is left out
+(`source_already_served`).
 
 The multi-hop pass does not wait for the episodes: seed ranking knows its entities once the
 facts are packed; hybrid ranking starts it on the entities of the facts packed alone, and runs
@@ -243,7 +245,7 @@ def _fact_query(
     )
 
 
-async def fetch_episodes(
+async def ranked_episodes(
     runtime: Runtime,
     scope: store.Scope,
     vector: np.ndarray,
@@ -256,9 +258,14 @@ async def fetch_episodes(
     whether their facts are all hidden, from the scope's `facts` when held."""
     cfg = runtime.settings.context
     events = None
-    if cfg.ranking == "hybrid" and not scope.historical and plan.events_version is not None:
+    if (
+        cfg.ranking == "hybrid"
+        and cfg.episode_top_k > 0
+        and not scope.historical
+        and plan.events_version is not None
+    ):
         events = runtime.scope_cache.events(scope.project_id, scope.subject_id, plan.events_version)
-    if events is None or cfg.episode_top_k == 0:
+    if events is None:
         return await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     query = EpisodeQuery(
         vector=vector,
@@ -377,7 +384,7 @@ async def assemble(
         facts_task = asyncio.ensure_future(
             fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
         )
-    episodes = fetch_episodes(runtime, scope, vector, plan, fetch, held)
+    episodes = ranked_episodes(runtime, scope, vector, plan, fetch, held)
     episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess

@@ -11,7 +11,9 @@ its new version, so a scope written between every read (an agent's own loop) is 
 for nothing. A scope at version 0 (not written since the migration, or deleted) is never held.
 
 Bounded: a scope with more than `max_rows` events (or facts) is not held, and the least
-recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary.
+recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary;
+a version is loaded at most once (a copy too large, a failed load or a lagging replica's
+version is not asked for again), unless its copy was dropped for room.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ MAX_SIGHTINGS = 65_536  # scopes whose last version read is remembered
 
 
 @dataclass
+class _Sighting:
+    """The version a scope's events (or facts) were last found at, and whether a load of that
+    version was asked for."""
+
+    version: int
+    load_asked: bool = False
+
+
+@dataclass
 class ScopeCacheStats:
     """What the cache did with one kind (events or facts) since the server started."""
 
@@ -59,9 +70,8 @@ class ScopeCache:
         self.max_bytes = max_bytes
         self.max_rows = max_rows
         self._scopes: OrderedDict[ScopeKey, Held] = OrderedDict()
-        self._sightings: OrderedDict[ScopeKey, int] = OrderedDict()
-        self._too_large: dict[ScopeKey, int] = {}
-        self._queue: list[ScopeKey] = []
+        self._sightings: OrderedDict[ScopeKey, _Sighting] = OrderedDict()
+        self._queue: OrderedDict[ScopeKey, None] = OrderedDict()  # an ordered set
         self._loader: asyncio.Task[None] | None = None
         self.bytes = 0
         self.stats = {EVENTS: ScopeCacheStats(), FACTS: ScopeCacheStats()}
@@ -97,23 +107,25 @@ class ScopeCache:
             stats.hits += 1
             return held
         stats.misses += 1
-        if self._sightings.get(key) == version and self._too_large.get(key) != version:
+        seen = self._sightings.get(key)
+        if seen is None or seen.version != version:
+            self._sightings[key] = _Sighting(version)
+            if len(self._sightings) > MAX_SIGHTINGS:
+                self._sightings.popitem(last=False)
+        elif not seen.load_asked:  # once a version: not again when too large or failing
+            seen.load_asked = True
             self._enqueue(key)
-        self._sightings[key] = version
         self._sightings.move_to_end(key)
-        if len(self._sightings) > MAX_SIGHTINGS:
-            self._sightings.popitem(last=False)
         return None
 
     def _enqueue(self, key: ScopeKey) -> None:
-        if key not in self._queue:
-            self._queue.append(key)
+        self._queue[key] = None
         if self._loader is None or self._loader.done():
             self._loader = asyncio.create_task(self._load_queued(), name="scope-cache-load")
 
     async def _load_queued(self) -> None:
         while self._queue:
-            key = self._queue.pop(0)
+            key, _ = self._queue.popitem(last=False)
             kind, project_id, subject_id = key
             try:
                 async with autocommit(self._pool) as conn:
@@ -124,7 +136,6 @@ class ScopeCache:
             self.stats[kind].loads += 1
             if held is None:
                 self.stats[kind].too_large += 1
-                self._too_large[key] = self._sightings.get(key, -1)
                 continue
             self.put(key, held)
 
@@ -134,13 +145,17 @@ class ScopeCache:
         if previous is not None:
             self.bytes -= previous.nbytes
         if held.nbytes > self.max_bytes:
+            self.stats[key[0]].too_large += 1
             return
         self._scopes[key] = held
         self.bytes += held.nbytes
         while self.bytes > self.max_bytes:
-            (kind, _, _), dropped = self._scopes.popitem(last=False)
+            dropped_key, dropped = self._scopes.popitem(last=False)
             self.bytes -= dropped.nbytes
-            self.stats[kind].evictions += 1
+            self.stats[dropped_key[0]].evictions += 1
+            seen = self._sightings.get(dropped_key)
+            if seen is not None and seen.version == dropped.version:
+                seen.load_asked = False  # read twice more at its version, it comes back
 
     async def wait_loaded(self) -> None:
         """Wait for the loads queued so far (tests, benchmarks)."""

@@ -160,13 +160,13 @@ async def both_rankings(runtime, scope: store.Scope, query: str, events: ScopeEv
     from_statement = await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     hits = index.stats[EVENTS].hits
     index.put((EVENTS, scope.project_id, scope.subject_id), events)
-    from_memory = await assembly.fetch_episodes(runtime, scope, vector, plan, fetch)
+    from_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fetch)
     assert index.stats[EVENTS].hits == hits + 1, "served from memory"
     # With the scope's facts held too, the hidden sources are found in memory.
     async with runtime.pool.connection() as conn:
         facts = await store.load_scope_facts(conn, scope.project_id, scope.subject_id, 1000)
     assert facts is not None
-    all_in_memory = await assembly.fetch_episodes(runtime, scope, vector, plan, fail, facts)
+    all_in_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fail, facts)
     assert all_in_memory == from_memory
     return from_statement, from_memory
 
@@ -543,6 +543,18 @@ async def test_a_write_of_facts_or_conflicts_moves_the_facts_version(
     await memory.RecordEvent(event_request(project_id))
     assert await facts_version() == seen[-1], "events do not move it"
     assert seen[0] == 0 and len(set(seen)) == len(seen)
+    # Written by hand, a fact moved to another subject moves both scopes' versions.
+    async with runtime.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE facts SET subject_id = 'user-9' WHERE project_id = %s AND id = %s",
+            (project_id, second.fact.id),
+        )
+    async with runtime.pool.connection() as conn:  # after the commit, which moves them
+        cur = await conn.execute(
+            "SELECT subject_id, facts FROM scope_versions WHERE project_id = %s", (project_id,)
+        )
+        versions = dict(await cur.fetchall())
+    assert versions[SUBJECT] not in seen and versions["user-9"] > 0
 
 
 async def test_a_scope_read_twice_unchanged_serves_its_facts_from_memory(

@@ -50,12 +50,22 @@ class ScopeEvents:
 
     @cached_property
     def nbytes(self) -> int:
-        """Roughly what these events hold in memory."""
-        arrays = self.vectors.nbytes + self.norms.nbytes + self.occurred_us.nbytes
-        postings = sum(p.nbytes + f.nbytes + 64 for p, f in self.postings.values())
-        text = sum(len(t) + len(k) + 200 for t, k in zip(self.texts, self.kinds, strict=True))
-        order = self.id_order.nbytes  # computed here, as the index takes the events in
-        return arrays + order + self.lexeme_tokens.nbytes + postings + text
+        """Roughly what these events hold in memory (a lexeme's posting: two small arrays and
+        a dict entry, ~300 bytes; a row's id, kind, instant and list slots, ~400)."""
+        arrays = (
+            self.vectors.nbytes
+            + self.norms.nbytes
+            + self.occurred_us.nbytes
+            + self.lexeme_tokens.nbytes
+            + self.id_order.nbytes
+        )
+        postings = sum(p.nbytes + f.nbytes + 300 for p, f in self.postings.values())
+        text = sum(len(t) + 400 for t in self.texts)
+        return arrays + postings + text
+
+    def prepare(self) -> None:
+        """Compute what ranking derives once (as they are loaded, off the event loop)."""
+        _ = self.nbytes
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,11 @@ class ScopeFacts:
     inactive_sources: frozenset[str]
 
     @cached_property
+    def position_of(self) -> dict[str, int]:
+        """Each fact's position by id."""
+        return {fact_id: i for i, fact_id in enumerate(self.ids)}
+
+    @cached_property
     def drawn_from(self) -> dict[str, list[int]]:
         """The positions of the facts drawn from each event."""
         drawn: dict[str, list[int]] = {}
@@ -88,10 +93,19 @@ class ScopeFacts:
             )
         )
         postings = sum(
-            p.nbytes + f.nbytes + 64 for d in (self.postings, self.words) for p, f in d.values()
+            p.nbytes + f.nbytes + 300 for d in (self.postings, self.words) for p, f in d.values()
         )
-        rows = sum(len(s) * 2 + 400 for s in self.statements)
-        return arrays + postings + rows
+        # A row's statement (twice: as served and in its value, typically), id, predicate,
+        # instants, sources and list slots; the events the other facts were drawn from.
+        rows = sum(
+            len(s) * 2 + 800 + 150 * len(e)
+            for s, e in zip(self.statements, self.source_event_ids, strict=True)
+        )
+        return arrays + postings + rows + 150 * len(self.inactive_sources)
+
+    def prepare(self) -> None:
+        """Compute what ranking derives once (as they are loaded, off the event loop)."""
+        _ = self.nbytes, self.drawn_from, self.position_of
 
 
 @dataclass(frozen=True)
@@ -241,12 +255,12 @@ def multi_hop(
     per_entity: int,
     scan_limit: int,
 ) -> list[dict[str, Any]]:
-    """Per entity, the `per_entity` visible facts nearest to the query among the first
-    `scan_limit` (by id) whose words hold it, not in `exclude`; scored with `text_full`."""
+    """Per entity, the `per_entity` visible facts nearest to the query (ties by id) among the
+    first `scan_limit` by id whose words hold it, not in `exclude`; scored with `text_full`."""
     visible = np.zeros(len(facts), dtype=bool)
     visible[_visible(facts, query.at_us)] = True
-    for i, fact_id in enumerate(facts.ids):
-        if fact_id in exclude:
+    for fact_id in exclude:
+        if (i := facts.position_of.get(fact_id)) is not None:
             visible[i] = False
     scores, _ = _scores(facts, query, np.arange(0), text_full)
     distance = 1.0 - scores.similarity

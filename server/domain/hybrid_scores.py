@@ -86,4 +86,6 @@ def best(positions: np.ndarray, count: int, *keys: np.ndarray) -> np.ndarray:
     """The `count` positions lowest by `keys` (the first decides, the next break its ties)."""
     if len(positions) <= count:
         return positions
-    return positions[np.lexsort(tuple(key[positions] for key in reversed(keys)))[:count]]
+    first = keys[0][positions]
+    near = positions[first <= np.partition(first, count - 1)[count - 1]]  # with the ties
+    return near[np.lexsort(tuple(key[near] for key in reversed(keys)))[:count]]

@@ -338,7 +338,8 @@ FROM scored {join_restated} CROSS JOIN bounds ORDER BY score DESC, id
 # very many facts is searched among its first `hop_scan_limit` matches only, which bounds the
 # cost of a common name (a documented trade-off, like phase 1's K). A large scope finds the
 # mentions through the text index (GIN: the scope's own when it has one); a small one reads its
-# facts' words once through the scope index, so a name common in other scopes costs it nothing.
+# facts' words once through the scope index, so a name common in other scopes costs it nothing,
+# and takes its first matches by id (as the scope cache does, domain/fact_ranking.py).
 _HOP_BY_INDEX = """hop AS (
     SELECT DISTINCT h.id FROM unnest(%(entities)s::text[]) AS e(entity)
     CROSS JOIN LATERAL (
@@ -362,9 +363,9 @@ hop AS (
         SELECT m.id FROM (
             SELECT w.id FROM scope_words w
             WHERE w.search_vector @@ plainto_tsquery('simple', e.entity)
-            LIMIT %(hop_scan_limit)s
+            ORDER BY w.id LIMIT %(hop_scan_limit)s
         ) m JOIN facts f ON f.project_id = %(project_id)s AND f.id = m.id
-        ORDER BY f.embedding <=> %(vector)s LIMIT %(per_entity)s
+        ORDER BY f.embedding <=> %(vector)s, f.id LIMIT %(per_entity)s
     ) h
 )"""
 _MULTI_HOP_SQL = """
@@ -842,16 +843,24 @@ _LEXEMES = """ARRAY(SELECT l.lexeme FROM unnest({d}.lexemes) AS l) AS lexemes,
 
 # A scope's events in conversation order with what hybrid ranking reads, and the version they
 # are (one statement: one snapshot). A scope without events still returns its version (one row
-# of NULL events); one more event than asked says the scope holds too many.
+# of NULL events); one beyond the limit is counted first (an index-only scan), and then none is
+# read.
 _SCOPE_EVENTS_SQL = f"""
-WITH version AS ({_VERSION.format(kind="events")})
-SELECT version.version, e.id::text AS id, e.kind, e.text, e.occurred_at,
+WITH version AS (
+    SELECT ({_VERSION.format(kind="events")}) AS version,
+           (SELECT count(*) FROM (
+               SELECT 1 FROM events e
+               WHERE e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+               LIMIT %(max_rows)s + 1
+           ) n) > %(max_rows)s AS too_large
+)
+SELECT version.version, version.too_large, e.id::text AS id, e.kind, e.text, e.occurred_at,
        isfinite(e.occurred_at) AS finite,
        CASE WHEN isfinite(e.occurred_at) THEN {_MICROS.format("e.occurred_at")} END
            AS occurred_us,
        e.embedding, e.lexeme_tokens, {_LEXEMES.format(d="e")}
 FROM version LEFT JOIN events e
-    ON e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+    ON e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s AND NOT version.too_large
 ORDER BY e.occurred_at, e.id
 LIMIT %(max_rows)s + 1
 """
@@ -903,7 +912,7 @@ async def _scope_rows(
     rows = await cur.fetchall()
     first = rows[0]
     rows = [r for r in rows if r["id"] is not None]
-    if len(rows) > max_rows or not all(r["finite"] for r in rows):
+    if first.get("too_large") or len(rows) > max_rows or not all(r["finite"] for r in rows):
         return None
     return first, rows
 
@@ -928,7 +937,7 @@ async def load_scope_events(
 
 def _scope_events(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeEvents:
     vectors, norms = _vectors(rows)
-    return ScopeEvents(
+    events = ScopeEvents(
         version=int(first["version"]),
         ids=[r["id"] for r in rows],
         kinds=[r["kind"] for r in rows],
@@ -940,6 +949,8 @@ def _scope_events(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeEve
         lexeme_tokens=np.array([r["lexeme_tokens"] for r in rows], dtype=np.float64),
         postings=postings_of([(r["lexemes"], r["frequencies"]) for r in rows]),
     )
+    events.prepare()
+    return events
 
 
 async def load_scope_facts(
@@ -952,13 +963,20 @@ async def load_scope_facts(
     return await asyncio.to_thread(_scope_facts, *loaded)
 
 
+def _lowered(words: list[str]) -> tuple[list[str], list[int]]:
+    """A fact's words lower-cased as entities are (a database whose LC_CTYPE is C lowers ASCII
+    only), each once."""
+    lowered = sorted({word.lower() for word in words})
+    return lowered, [1] * len(lowered)
+
+
 def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFacts:
     vectors, norms = _vectors(rows)
 
     def instants(column: str, missing: int) -> np.ndarray:
         return np.array([missing if r[column] is None else r[column] for r in rows], dtype=np.int64)
 
-    return ScopeFacts(
+    facts = ScopeFacts(
         version=int(first["version"]),
         ids=[r["id"] for r in rows],
         predicates=[r["predicate"] for r in rows],
@@ -975,7 +993,7 @@ def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFact
         norms=norms,
         lexeme_tokens=np.array([r["lexeme_tokens"] for r in rows], dtype=np.float64),
         postings=postings_of([(r["lexemes"], r["frequencies"]) for r in rows]),
-        words=postings_of([(r["words"], [1] * len(r["words"])) for r in rows]),
+        words=postings_of([_lowered(r["words"]) for r in rows]),
         conflicts={
             i: [(opened, NEVER if resolved is None else resolved) for opened, resolved in found]
             for i, r in enumerate(rows)
@@ -983,6 +1001,8 @@ def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFact
         },
         inactive_sources=frozenset(first["inactive_sources"]),
     )
+    facts.prepare()
+    return facts
 
 
 @dataclass(frozen=True)

@@ -800,9 +800,12 @@ async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str 
     deleted.conflicts = await run(f"DELETE FROM conflict_sets WHERE {where}")
     deleted.facts = await run(f"DELETE FROM facts WHERE {where}")
     deleted.events = await run(f"DELETE FROM events WHERE {where}")
-    # scope_versions last: deleting the events gave the scopes a new version (migration 0018).
-    for table in ("fact_term_counts", "scope_lexemes", "scope_documents", "scope_versions"):
+    for table in ("fact_term_counts", "scope_lexemes", "scope_documents"):
         await run(f"DELETE FROM {table} WHERE {where}")
+    # The versions last, once the deletes above have moved them (migration 0018's triggers wait
+    # for the commit unless fired now): no row of the scope is left.
+    await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    await run(f"DELETE FROM scope_versions WHERE {where}")
     return deleted
 
 
