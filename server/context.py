@@ -226,20 +226,30 @@ def _held_facts(runtime: Runtime, scope: store.Scope, plan: store.QueryPlan) -> 
     return runtime.scope_cache.facts(scope.project_id, scope.subject_id, plan.facts_version)
 
 
+def _scoring(
+    cfg: ContextSettings, scope: store.Scope, vector: np.ndarray, plan: store.QueryPlan
+) -> dict[str, Any]:
+    """What the in-memory rankings of facts and episodes share: the call's vector, terms and
+    instant, and the hybrid score's weights."""
+    return {
+        "vector": vector,
+        "terms": plan.terms,
+        "idfs": plan.idfs,
+        "avg_tokens": plan.avg_tokens,
+        "at_epoch": scope.at.timestamp(),
+        "tau_seconds": cfg.recency_tau_days * 86400.0,
+        "w_similarity": cfg.weight_similarity,
+        "w_text_rank": cfg.weight_text_rank,
+        "w_recency": cfg.weight_recency,
+    }
+
+
 def _fact_query(
     cfg: ContextSettings, scope: store.Scope, vector: np.ndarray, plan: store.QueryPlan
 ) -> FactQuery:
     return FactQuery(
-        vector=vector,
-        terms=plan.terms,
-        idfs=plan.idfs,
-        avg_tokens=plan.avg_tokens,
-        at_epoch=scope.at.timestamp(),
+        **_scoring(cfg, scope, vector, plan),
         at_us=_micros(scope.at),
-        tau_seconds=cfg.recency_tau_days * 86400.0,
-        w_similarity=cfg.weight_similarity,
-        w_text_rank=cfg.weight_text_rank,
-        w_recency=cfg.weight_recency,
         candidate_limit=cfg.candidate_limit,
         newer_wins=cfg.newer_wins_similarity,
     )
@@ -268,15 +278,7 @@ async def ranked_episodes(
     if events is None:
         return await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     query = EpisodeQuery(
-        vector=vector,
-        terms=plan.terms,
-        idfs=plan.idfs,
-        avg_tokens=plan.avg_tokens,
-        at_epoch=scope.at.timestamp(),
-        tau_seconds=cfg.recency_tau_days * 86400.0,
-        w_similarity=cfg.weight_similarity,
-        w_text_rank=cfg.weight_text_rank,
-        w_recency=cfg.weight_recency,
+        **_scoring(cfg, scope, vector, plan),
         pool=cfg.episode_pool,
         k=cfg.episode_top_k,
         context_weight=cfg.episode_context_weight,
