@@ -33,8 +33,7 @@ import numpy as np
 from satchel.server.config import ContextSettings
 from satchel.server.domain.entities import extract_entities
 from satchel.server.domain.episode_ranking import EpisodeQuery, rank_episodes
-from satchel.server.domain.fact_ranking import FactQuery, ScopeFacts, hidden_sources, rank_facts
-from satchel.server.domain.fact_ranking import multi_hop as hop_facts
+from satchel.server.domain.fact_ranking import FactQuery, FactRanking, ScopeFacts, hidden_sources
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
     EPISODE,
@@ -380,8 +379,8 @@ async def assemble(
     hybrid = cfg.ranking == "hybrid"
     held = _held_facts(runtime, scope, plan)
     if held is not None:
-        in_memory = _fact_query(cfg, scope, vector, plan)
-        facts_task = _done(rank_facts(held, in_memory))
+        in_memory = FactRanking(held, _fact_query(cfg, scope, vector, plan))
+        facts_task = _done(in_memory.candidates())
     else:
         facts_task = asyncio.ensure_future(
             fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
@@ -401,14 +400,8 @@ async def assemble(
             seen = list(rows_by_id)
             if held is not None:
                 per_entity = cfg.multi_hop_max_per_entity
-                hops = hop_facts(
-                    held,
-                    in_memory,
-                    entities,
-                    set(seen),
-                    text_full or 1.0,
-                    per_entity,
-                    store.MULTI_HOP_SCAN_LIMIT,
+                hops = in_memory.multi_hop(
+                    entities, set(seen), text_full or 1.0, per_entity, store.MULTI_HOP_SCAN_LIMIT
                 )
                 return _done(hops)
             hop = fetch(

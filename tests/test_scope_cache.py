@@ -19,8 +19,7 @@ from test_context import SUBJECT, assemble, ts
 
 from satchel.server import context as assembly
 from satchel.server.domain.episode_ranking import ScopeEvents
-from satchel.server.domain.fact_ranking import multi_hop as hop_facts
-from satchel.server.domain.fact_ranking import rank_facts
+from satchel.server.domain.fact_ranking import FactRanking
 from satchel.server.runtime import Runtime
 from satchel.server.scope_cache import EVENTS, FACTS, ScopeCache
 from satchel.server.storage import context as store
@@ -486,8 +485,8 @@ async def test_facts_ranked_in_memory_equal_the_statements(
             plan = await store.plan_query(conn, scope, query, cfg)
             assert plan.facts_version == held.version
             expected = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
-            fact_query = assembly._fact_query(cfg, scope, vector, plan)
-            actual = rank_facts(held, fact_query)
+            ranking = FactRanking(held, assembly._fact_query(cfg, scope, vector, plan))
+            actual = ranking.candidates()
             assert_same_facts(expected, actual)
             flags += sum(1 for r in actual if r["expired"] or r["in_open_conflict"])
             restated += sum(1 for r in actual if r["restates"])
@@ -498,8 +497,8 @@ async def test_facts_ranked_in_memory_equal_the_statements(
             hops = await store.fetch_multi_hop(
                 conn, scope, vector, cfg, plan, entities, seen, text_full
             )
-        in_memory = hop_facts(
-            held, fact_query, entities, set(seen), text_full, cfg.multi_hop_max_per_entity, 256
+        in_memory = ranking.multi_hop(
+            entities, set(seen), text_full, cfg.multi_hop_max_per_entity, 256
         )
         assert hops and not {r["id"] for r in in_memory} & set(seen)
         assert_same_facts(hops, in_memory, text_full=False)

@@ -6,9 +6,10 @@ and the multi-hop scan `_HOP_BY_SCAN`), step for step: the facts visible at the 
 them, and recency; the best `candidate_limit` by score (ties by id) with their hard-filter flags
 (expired, in an open conflict) and the older facts each restates (same predicate, vectors at
 least `newer_wins` close). Multi-hop: per entity, the nearest of the first `scan_limit` visible
-facts whose words hold it, scored alike against the candidates' best BM25. And whether the facts
-drawn from an event are all hidden (an episode's `source_facts_hidden`). A server holds a
-scope's facts this way while they do not change (`server/scope_cache.py`).
+facts whose words hold it, scored alike against the candidates' best BM25 (`FactRanking`: the
+score parts computed once for both). And whether the facts drawn from an event are all hidden
+(an episode's `source_facts_hidden`). A server holds a scope's facts this way while they do not
+change (`server/scope_cache.py`).
 """
 
 from __future__ import annotations
@@ -139,49 +140,6 @@ def _visible(facts: ScopeFacts, at_us: int) -> np.ndarray:
     return np.flatnonzero(facts.valid_to_us > at_us)
 
 
-def _scores(facts: ScopeFacts, query: FactQuery, scored: np.ndarray, text_full: float | None):
-    similarity = cosine_similarity(facts.vectors, facts.norms, query.vector)
-    raw = bm25(facts.postings, facts.lexeme_tokens, query.terms, query.idfs, query.avg_tokens)
-    text_rank, full = text_ranks(raw, scored, text_full)
-    recency = decay(facts.since_epoch, query.at_epoch, query.tau_seconds)
-    score = (
-        query.w_similarity * similarity + query.w_text_rank * text_rank + query.w_recency * recency
-    )
-    return _Scores(similarity, text_rank, recency, score), full
-
-
-def _rows(
-    facts: ScopeFacts,
-    query: FactQuery,
-    positions: Sequence[int],
-    scores: _Scores,
-) -> list[dict[str, Any]]:
-    """The statement's rows for `positions`, best first (ties by id)."""
-    restates = _restated(facts, query.newer_wins, positions)
-    rows = []
-    for i in sorted(positions, key=lambda i: (-scores.score[i], i)):
-        rows.append(
-            {
-                "id": facts.ids[i],
-                "predicate": facts.predicates[i],
-                "value": facts.values[i],
-                "statement": facts.statements[i],
-                "confidence": facts.confidences[i],
-                "valid_from": facts.valid_from[i],
-                "source_event_ids": facts.source_event_ids[i],
-                "since_epoch": float(facts.since_epoch[i]),
-                "similarity": float(scores.similarity[i]),
-                "text_rank": float(scores.text_rank[i]),
-                "recency": float(scores.recency[i]),
-                "expired": _expired(facts, i, query.at_us),
-                "in_open_conflict": _in_open_conflict(facts, i, query.at_us),
-                "score": float(scores.score[i]),
-                "restates": restates.get(i, []),
-            }
-        )
-    return rows
-
-
 def _expired(facts: ScopeFacts, i: int, at_us: int) -> bool:
     stale = facts.stale_after_us[i]
     return bool(stale >= 0 and at_us - facts.anchor_us[i] >= stale)
@@ -231,45 +189,94 @@ def _restated(facts: ScopeFacts, newer_wins: float, positions: Sequence[int]) ->
     return restates
 
 
-def rank_facts(facts: ScopeFacts, query: FactQuery) -> list[dict[str, Any]]:
-    """The best `candidate_limit` facts visible at the call's instant, best first, as the exact
-    statement returns them (each row also holds `text_full`, the best BM25)."""
-    visible = _visible(facts, query.at_us)
-    if len(visible) == 0:
-        return []
-    scores, full = _scores(facts, query, visible, None)
-    ids = np.arange(len(facts))
-    top = best(visible, query.candidate_limit, -scores.score, ids).tolist()
-    rows = _rows(facts, query, top, scores)
-    for row in rows:
-        row["text_full"] = full
-    return rows
+class FactRanking:
+    """One call's score parts over a scope's held facts (cosine, raw BM25, recency), computed
+    once for its candidates and its multi-hop pass."""
 
+    def __init__(self, facts: ScopeFacts, query: FactQuery) -> None:
+        self.facts = facts
+        self.query = query
+        self.visible = _visible(facts, query.at_us)
+        self.similarity = cosine_similarity(facts.vectors, facts.norms, query.vector)
+        self.raw = bm25(
+            facts.postings, facts.lexeme_tokens, query.terms, query.idfs, query.avg_tokens
+        )
+        self.recency = decay(facts.since_epoch, query.at_epoch, query.tau_seconds)
 
-def multi_hop(
-    facts: ScopeFacts,
-    query: FactQuery,
-    entities: Sequence[str],
-    exclude: Collection[str],
-    text_full: float,
-    per_entity: int,
-    scan_limit: int,
-) -> list[dict[str, Any]]:
-    """Per entity, the `per_entity` visible facts nearest to the query (ties by id) among the
-    first `scan_limit` by id whose words hold it, not in `exclude`; scored with `text_full`."""
-    visible = np.zeros(len(facts), dtype=bool)
-    visible[_visible(facts, query.at_us)] = True
-    for fact_id in exclude:
-        if (i := facts.position_of.get(fact_id)) is not None:
-            visible[i] = False
-    scores, _ = _scores(facts, query, np.arange(0), text_full)
-    distance = 1.0 - scores.similarity
-    ids = np.arange(len(facts))
-    hop: set[int] = set()
-    for entity in entities:
-        posting = facts.words.get(entity.lower())
-        if posting is None:
-            continue
-        mentions = posting[0][visible[posting[0]]][:scan_limit]
-        hop.update(best(mentions, per_entity, distance, ids).tolist())
-    return _rows(facts, query, sorted(hop), scores)
+    def _scores(self, scored: np.ndarray, text_full: float | None) -> tuple[_Scores, float]:
+        """The scores with text ranks divided by `text_full`, or by the best of `scored`."""
+        q = self.query
+        text_rank, full = text_ranks(self.raw, scored, text_full)
+        score = (
+            q.w_similarity * self.similarity
+            + q.w_text_rank * text_rank
+            + q.w_recency * self.recency
+        )
+        return _Scores(self.similarity, text_rank, self.recency, score), full
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """The best `candidate_limit` facts visible at the call's instant, best first, as the
+        exact statement returns them (each row also holds `text_full`, the best BM25)."""
+        if len(self.visible) == 0:
+            return []
+        scores, full = self._scores(self.visible, None)
+        ids = np.arange(len(self.facts))
+        top = best(self.visible, self.query.candidate_limit, -scores.score, ids).tolist()
+        rows = self._rows(top, scores)
+        for row in rows:
+            row["text_full"] = full
+        return rows
+
+    def multi_hop(
+        self,
+        entities: Sequence[str],
+        exclude: Collection[str],
+        text_full: float,
+        per_entity: int,
+        scan_limit: int,
+    ) -> list[dict[str, Any]]:
+        """Per entity, the `per_entity` visible facts nearest to the query (ties by id) among
+        the first `scan_limit` by id whose words hold it, not in `exclude`; scored with
+        `text_full`."""
+        facts = self.facts
+        eligible = np.zeros(len(facts), dtype=bool)
+        eligible[self.visible] = True
+        for fact_id in exclude:
+            if (i := facts.position_of.get(fact_id)) is not None:
+                eligible[i] = False
+        distance = 1.0 - self.similarity
+        ids = np.arange(len(facts))
+        hop: set[int] = set()
+        for entity in entities:
+            posting = facts.words.get(entity.lower())
+            if posting is None:
+                continue
+            mentions = posting[0][eligible[posting[0]]][:scan_limit]
+            hop.update(best(mentions, per_entity, distance, ids).tolist())
+        scores, _ = self._scores(np.arange(0), text_full)
+        return self._rows(sorted(hop), scores)
+
+    def _rows(self, positions: Sequence[int], scores: _Scores) -> list[dict[str, Any]]:
+        """The statement's rows for `positions`, best first (ties by id)."""
+        facts, at_us = self.facts, self.query.at_us
+        restates = _restated(facts, self.query.newer_wins, positions)
+        return [
+            {
+                "id": facts.ids[i],
+                "predicate": facts.predicates[i],
+                "value": facts.values[i],
+                "statement": facts.statements[i],
+                "confidence": facts.confidences[i],
+                "valid_from": facts.valid_from[i],
+                "source_event_ids": facts.source_event_ids[i],
+                "since_epoch": float(facts.since_epoch[i]),
+                "similarity": float(scores.similarity[i]),
+                "text_rank": float(scores.text_rank[i]),
+                "recency": float(scores.recency[i]),
+                "expired": _expired(facts, i, at_us),
+                "in_open_conflict": _in_open_conflict(facts, i, at_us),
+                "score": float(scores.score[i]),
+                "restates": restates.get(i, []),
+            }
+            for i in sorted(positions, key=lambda i: (-scores.score[i], i))
+        ]
