@@ -357,8 +357,7 @@ async def assemble(
         return target, await reads.run(target, store.plan_query, scope, request.query, cfg)
 
     # Where to read, the searched words and the scope's size need no vector: found while
-    # embedding. The embedding is handed to its thread first (awaited at once, not scheduled
-    # as a task).
+    # embedding (the statement is sent before the query is embedded, `Runtime.embed_query`).
     planning = asyncio.ensure_future(choose_and_plan())
     try:
         vector = await runtime.embed_query(request.query)
