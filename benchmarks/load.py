@@ -14,7 +14,8 @@ the first decision) and errors by code. The driver is one process of its own, no
 Beside them, in the same run, the query embedding alone (unless `--no-baseline`): one process
 per core, each embedding the same queries one at a time with the server's model settings (one
 ONNX thread), for the same duration. Then the ratios: CPU per call (the server's and all its
-PostgreSQL processes', from /proc) over the CPU of one embedding, throughput over the
+PostgreSQL processes', from /proc; the driver's own is printed beside it, not counted) over
+the CPU of one embedding, throughput over the
 embedding-only throughput, StreamContext over AssembleContext, and the single call's p50 (one
 worker) over one embedding's. CPU is counted when the script started the server, or with
 `--server-pid` and `--pgdata` for a running one.
@@ -280,7 +281,8 @@ class CpuMeter:
         pids = postgres_pids(self.pgdata) if self.pgdata else []
         # the postmaster's reaped children count in its cutime/cstime
         postgres = self._seconds(pids[:1], children=True) + self._seconds(pids[1:], children=False)
-        return {"server": server, "postgres": postgres}
+        # this driver's own, on the same cores: what the machine spends to send the calls
+        return {"server": server, "postgres": postgres, "driver": time.process_time()}
 
     @staticmethod
     def _seconds(pids: list[int], *, children: bool) -> float:
@@ -436,7 +438,7 @@ def print_table(report: dict[str, Any]) -> None:
     )
     print(
         f"{'method':<16}{'workers':>8}{'requests':>9}{'errors':>8}{'req/s':>8}"
-        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'cpu ms/call':>13}"
+        f"{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'cpu ms/call':>13}{'driver cpu':>12}"
     )
     for s in report["results"]:
         rows = [(s["method"], s.get("latency_ms"))]
@@ -445,13 +447,14 @@ def print_table(report: dict[str, Any]) -> None:
         for i, (label, lat) in enumerate(rows):
             lat = lat or {"p50": 0, "p95": 0, "p99": 0}
             cpu = s.get("cpu_ms_per_call", {}).get("total", "")
+            driver = s.get("cpu_ms_per_call", {}).get("driver", "")
             head = (
                 f"{s['workers']:>8}{s['requests']:>9}{sum(s['errors'].values()):>8}"
                 f"{s['requests_per_second']:>8}"
                 if i == 0
                 else " " * 33
             )
-            tail = f"{cpu:>13}" if i == 0 else ""
+            tail = f"{cpu:>13}{driver:>12}" if i == 0 else ""
             print(f"{label:<16}{head}{lat['p50']:>9}{lat['p95']:>9}{lat['p99']:>9}{tail}")
         if s["errors"]:
             print(f"{'':<16}errors by code: {s['errors']}")
@@ -521,7 +524,7 @@ async def main(args: argparse.Namespace) -> int:
                     summary = {"workers": workers, **result.summary()}
                     if meter.server_pid and summary["ok"]:
                         used = {k: 1000 * (after[k] - before[k]) / summary["ok"] for k in after}
-                        used["total"] = used["server"] + used["postgres"]
+                        used["total"] = used["server"] + used["postgres"]  # the driver apart
                         summary["cpu_ms_per_call"] = {k: round(v, 2) for k, v in used.items()}
                     summaries.append(summary)
         if not args.no_baseline:

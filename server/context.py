@@ -32,7 +32,7 @@ import numpy as np
 
 from satchel.server.config import ContextSettings
 from satchel.server.domain.entities import extract_entities
-from satchel.server.domain.episode_ranking import EpisodeQuery, rank_episodes
+from satchel.server.domain.episode_ranking import EpisodeQuery, ScopeEvents, rank_episodes
 from satchel.server.domain.fact_ranking import FactQuery, FactRanking, ScopeFacts, hidden_sources
 from satchel.server.domain.packing import (
     CONFLICT_OPEN,
@@ -254,26 +254,33 @@ def _fact_query(
     )
 
 
+def _held_events(runtime: Runtime, scope: store.Scope, plan: store.QueryPlan) -> ScopeEvents | None:
+    """The scope's events when the cache holds them at the version this call reads (hybrid
+    ranking, now, episodes asked for)."""
+    cfg = runtime.settings.context
+    if (
+        cfg.ranking != "hybrid"
+        or cfg.episode_top_k <= 0
+        or scope.historical
+        or plan.events_version is None
+    ):
+        return None
+    return runtime.scope_cache.events(scope.project_id, scope.subject_id, plan.events_version)
+
+
 async def ranked_episodes(
     runtime: Runtime,
     scope: store.Scope,
     vector: np.ndarray,
     plan: store.QueryPlan,
     fetch: Callable[..., Awaitable[Any]],
+    events: ScopeEvents | None,
     facts: ScopeFacts | None = None,
 ) -> list[dict[str, Any]]:
-    """The scope's best episodes: ranked in memory when the cache holds the scope's events at
-    the version this call reads (hybrid ranking, now), otherwise by the episodes statement;
-    whether their facts are all hidden, from the scope's `facts` when held."""
+    """The scope's best episodes: ranked in memory from the scope's `events` when held,
+    otherwise by the episodes statement; whether their facts are all hidden, from the scope's
+    `facts` when held."""
     cfg = runtime.settings.context
-    events = None
-    if (
-        cfg.ranking == "hybrid"
-        and cfg.episode_top_k > 0
-        and not scope.historical
-        and plan.events_version is not None
-    ):
-        events = runtime.scope_cache.events(scope.project_id, scope.subject_id, plan.events_version)
     if events is None:
         return await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     query = EpisodeQuery(
@@ -354,7 +361,9 @@ async def assemble(
 
     async def choose_and_plan() -> tuple[ReadTarget, store.QueryPlan]:
         target = await reads.choose(request.min_consistency_token)
-        return target, await reads.run(target, store.plan_query, scope, request.query, cfg)
+        return target, await reads.run(
+            target, store.plan_query, scope, request.query, cfg, planned=True
+        )
 
     # Where to read, the searched words and the scope's size need no vector: found while
     # embedding (the statement is sent before the query is embedded, `Runtime.embed_query`).
@@ -377,6 +386,7 @@ async def assemble(
     # episodes.
     hybrid = cfg.ranking == "hybrid"
     held = _held_facts(runtime, scope, plan)
+    held_events = _held_events(runtime, scope, plan)
     if held is not None:
         in_memory = FactRanking(held, _fact_query(cfg, scope, vector, plan))
         facts_task = _done(in_memory.candidates())
@@ -384,7 +394,7 @@ async def assemble(
         facts_task = asyncio.ensure_future(
             fetch(store.fetch_fact_candidates, scope, vector, cfg, plan)
         )
-    episodes = ranked_episodes(runtime, scope, vector, plan, fetch, held)
+    episodes = ranked_episodes(runtime, scope, vector, plan, fetch, held_events, held)
     episodes_task = asyncio.ensure_future(episodes)
     hop_task: asyncio.Future[list[dict[str, Any]]] | None = None
     unused: list[asyncio.Future[list[dict[str, Any]]]] = []  # passes on a wrong guess
@@ -414,8 +424,11 @@ async def assemble(
             yield PASS_END
             mark = timer.add("pack", mark)
             hop_sources = _hop_sources(packer)
-        else:  # the pass a packing of the facts alone would need, run while episodes load
+        elif held is None or held_events is None:
+            # the pass a packing of the facts alone would need, run while episodes load
             hop_sources = _likely_hop_sources(request, fact_candidates, skip)
+        else:  # all in memory: nothing to overlap, the pass runs on the packing's entities
+            hop_sources = None
         hop_entities = _hop_entities(hop_sources, request.query, cfg.multi_hop_max_entities)
         if hop_entities:
             hop_task = multi_hop(hop_entities)

@@ -53,7 +53,7 @@ async def test_load_driver_reports_rates_percentiles_and_ratios(
         assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"]
         if cpu:  # the server (this process) and its PostgreSQL both worked for the calls
             used = figures["cpu_ms_per_call"]
-            assert used["server"] > 0 and used["postgres"] > 0
+            assert used["server"] > 0 and used["postgres"] > 0 and used["driver"] > 0
             assert used["total"] == pytest.approx(used["server"] + used["postgres"], abs=0.02)
     first = runs[("StreamContext", 1)]["first_decision_ms"]
     assert first["p50"] <= runs[("StreamContext", 1)]["latency_ms"]["p50"]

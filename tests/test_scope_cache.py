@@ -159,13 +159,15 @@ async def both_rankings(runtime, scope: store.Scope, query: str, events: ScopeEv
     from_statement = await fetch(store.fetch_episodes, scope, vector, cfg, plan)
     hits = index.stats[EVENTS].hits
     index.put((EVENTS, scope.project_id, scope.subject_id), events)
-    from_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fetch)
+    held = assembly._held_events(runtime, scope, plan)
+    assert held is events
+    from_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fetch, held)
     assert index.stats[EVENTS].hits == hits + 1, "served from memory"
     # With the scope's facts held too, the hidden sources are found in memory.
     async with runtime.pool.connection() as conn:
         facts = await store.load_scope_facts(conn, scope.project_id, scope.subject_id, 1000)
     assert facts is not None
-    all_in_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fail, facts)
+    all_in_memory = await assembly.ranked_episodes(runtime, scope, vector, plan, fail, held, facts)
     assert all_in_memory == from_memory
     return from_statement, from_memory
 

@@ -685,13 +685,19 @@ async def test_resolve_embeds_only_the_task(
     await seed_catalogue(channel, project_id)
     runtime = server.runtime.value
     embedded: list[list[str]] = []
-    original = runtime.embed
 
-    async def counting(texts):  # type: ignore[no-untyped-def]
-        embedded.append(list(texts))
-        return await original(texts)
+    class Counting:  # the model, recording every text it embeds (on the loop or not)
+        def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
+            self.model = model
 
-    monkeypatch.setattr(runtime, "embed", counting)
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(self.model, name)
+
+        def embed(self, texts):  # type: ignore[no-untyped-def]
+            embedded.append(list(texts))
+            return self.model.embed(texts)
+
+    monkeypatch.setattr(runtime, "embedder", Counting(runtime.embedder))
     first, second = f"{SEED_TASK} ({project_id})", f"Value objects for {project_id}"
     await resolve(talents, project_id, first)
     await resolve(talents, project_id, second)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 from .rendering import estimate_tokens
@@ -121,9 +122,9 @@ class Candidate:
         if not math.isfinite(self.score):
             raise ValueError(f"candidate {self.id!r} has a non-finite score")
 
-    @property
+    @cached_property
     def tokens(self) -> int:
-        """Estimated tokens of `text`."""
+        """Estimated tokens of `text` (packing reads them several times)."""
         return estimate_tokens(self.text)
 
     @property

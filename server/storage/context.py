@@ -225,7 +225,7 @@ _SCOPE_INDEXED = """EXISTS (
     SELECT 1 FROM scope_indexes v
     WHERE v.project_id = %(project_id)s AND v.subject_id = %(subject_id)s AND v.state = 'ready'
 )"""
-_PLAN_SQL = f"""
+_PLAN_SQL_TEXT = f"""
 SELECT ARRAY(
     SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
     LEFT JOIN fact_term_counts c
@@ -236,6 +236,7 @@ SELECT ARRAY(
 {_SCOPE_FACTS} AS scope_facts,
 {_SCOPE_INDEXED} AS scope_indexed
 """
+PLAN_SQL = Statement.parse(_PLAN_SQL_TEXT)
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
 # the other columns are read for the best ones only. Serves small scopes and the benchmarks'
@@ -529,8 +530,8 @@ _VERSION = """SELECT coalesce(max(v.{kind}), 0) AS version FROM scope_versions v
 # Before the query is embedded, hybrid ranking: the query's lexemes (stemmed in its language)
 # found in at most `term_max_facts` documents (facts and events) of the scope, in query order,
 # with their IDF and the scope's average document length; the scope's active facts as in
-# _PLAN_SQL.
-_PLAN_HYBRID_SQL = f"""
+# PLAN_SQL.
+_PLAN_HYBRID_SQL_TEXT = f"""
 WITH words AS (
     SELECT d.lexeme, d.positions[1] AS position
     FROM unnest(to_tsvector(satchel_text_config(%(query)s), %(query)s)) AS d
@@ -557,6 +558,7 @@ SELECT coalesce(array_agg(lexeme ORDER BY position), '{{}}') AS terms,
        ({_VERSION.format(kind="facts")}) AS facts_version
 FROM terms
 """
+PLAN_HYBRID_SQL = Statement.parse(_PLAN_HYBRID_SQL_TEXT)
 
 
 def _render(template: str) -> dict[tuple[str, bool], Statement]:
@@ -670,10 +672,7 @@ async def plan_query(
     }
     if cfg.ranking == "hybrid":
         params |= {"query": query, "max_terms": MAX_QUERY_TERMS}
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(_PLAN_HYBRID_SQL, params)
-        row = await cur.fetchone()
-        assert row is not None
+        [row] = await fetch_all(conn, PLAN_HYBRID_SQL, params)
         return QueryPlan(
             terms=list(row["terms"]),
             scope_facts=int(row["scope_facts"]),
@@ -684,9 +683,10 @@ async def plan_query(
             facts_version=int(row["facts_version"]),
         )
     params["terms"] = query_terms(query)
-    cur = await conn.execute(_PLAN_SQL, params)
-    terms, scope_facts, scope_indexed = await cur.fetchone()  # type: ignore[misc]
-    return QueryPlan(list(terms), int(scope_facts), scope_indexed=bool(scope_indexed))
+    [row] = await fetch_all(conn, PLAN_SQL, params)
+    return QueryPlan(
+        list(row["terms"]), int(row["scope_facts"]), scope_indexed=bool(row["scope_indexed"])
+    )
 
 
 def source_report(row: dict[str, Any], params: dict[str, Any]) -> SourceReport:
