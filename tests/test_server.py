@@ -244,3 +244,17 @@ async def test_health_is_not_serving_until_database_and_model_are_ready(
         release.set()
         await asyncio.gather(starting, return_exceptions=True)
         await srv.stop()
+
+
+async def test_a_started_server_leaves_its_startup_objects_out_of_full_collections(
+    start_server,
+) -> None:
+    """Startup's objects (libraries, the model) are frozen once the server is ready, so that a
+    full garbage collection under load does not visit them all again (`app.py`)."""
+    import gc
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    async with start_server():
+        frozen = gc.get_freeze_count()
+    assert frozen > 10_000, frozen  # grpc, psycopg, numpy, onnxruntime, protobuf...
