@@ -33,7 +33,7 @@ class Runtime:
     pool: AsyncConnectionPool
     embedder: Embedder
     # Connections that run generic plans (`create_pool(planned=True)`), for the context
-    # statements that do (facts, episodes, multi-hop); None: `pool` serves them too.
+    # statements that do (plan, facts, episodes, multi-hop); None: `pool` serves them too.
     planned_pool: AsyncConnectionPool | None = None
     # ONNX releases the GIL; one thread keeps the model's long runs (stored texts, long
     # queries) off the event loop without competing with PostgreSQL for the machine's cores.
