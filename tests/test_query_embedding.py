@@ -5,37 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
 
 import numpy as np
+from embedding_helpers import RecordingEmbedder
 
 from satchel.server.config import Settings
 from satchel.server.runtime import QUERY_ON_LOOP_MAX_CHARS, Runtime
 
 
-class _Recording:
-    """The real model, recording the thread each text was embedded on and what ran before."""
-
-    def __init__(self, model) -> None:
-        self.model = model
-        self.model_id = model.model_id
-        self.dimension = model.dimension
-        self.query_prefix = model.query_prefix
-        self.passage_prefix = model.passage_prefix
-        self.events: list[tuple[str, int]] = []
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.events.append(("embed", threading.get_ident()))
-        return self.model.embed(texts)
-
-
 async def test_a_short_query_is_embedded_on_the_loop_after_the_scheduled_tasks(embedder) -> None:
-    recording = _Recording(embedder)
+    recording = RecordingEmbedder(embedder)
     runtime = Runtime(settings=Settings.from_env({}), pool=None, embedder=recording)
-    loop_thread = threading.get_ident()
+    embedded_before_statement: list[int] = []
 
     async def statement() -> None:
-        recording.events.append(("statement sent", threading.get_ident()))
+        embedded_before_statement.append(len(recording.texts))
 
     try:
         planning = asyncio.ensure_future(statement())
@@ -44,12 +28,14 @@ async def test_a_short_query_is_embedded_on_the_loop_after_the_scheduled_tasks(e
         alone = embedder.embed(["Where does Priya live?"])[0]
     finally:
         runtime.executor.shutdown()
-    assert recording.events == [("statement sent", loop_thread), ("embed", loop_thread)]
+    assert embedded_before_statement == [0]
+    assert recording.texts == [["Where does Priya live?"]]
+    assert recording.threads == [threading.get_ident()]
     assert np.array_equal(vector, alone)
 
 
 async def test_a_long_query_is_embedded_in_the_executor(embedder) -> None:
-    recording = _Recording(embedder)
+    recording = RecordingEmbedder(embedder)
     runtime = Runtime(settings=Settings.from_env({}), pool=None, embedder=recording)
     query = "Which city did Priya move to after her sister's wedding? " * 10
     assert len(query) > QUERY_ON_LOOP_MAX_CHARS
@@ -57,6 +43,6 @@ async def test_a_long_query_is_embedded_in_the_executor(embedder) -> None:
         vector = await runtime.embed_query(query)
     finally:
         runtime.executor.shutdown()
-    [(_, thread)] = recording.events
+    [thread] = recording.threads
     assert thread != threading.get_ident()
     assert np.array_equal(vector, embedder.embed([query])[0])

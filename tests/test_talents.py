@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from embedding_helpers import RecordingEmbedder
 from talent_helpers import (
     activate,
     error_reason,
@@ -684,20 +685,9 @@ async def test_resolve_embeds_only_the_task(
     talents = stub(channel)
     await seed_catalogue(channel, project_id)
     runtime = server.runtime.value
-    embedded: list[list[str]] = []
-
-    class Counting:  # the model, recording every text it embeds (on the loop or not)
-        def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
-            self.model = model
-
-        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-            return getattr(self.model, name)
-
-        def embed(self, texts):  # type: ignore[no-untyped-def]
-            embedded.append(list(texts))
-            return self.model.embed(texts)
-
-    monkeypatch.setattr(runtime, "embedder", Counting(runtime.embedder))
+    recording = RecordingEmbedder(runtime.embedder)  # on the loop or not
+    monkeypatch.setattr(runtime, "embedder", recording)
+    embedded = recording.texts
     first, second = f"{SEED_TASK} ({project_id})", f"Value objects for {project_id}"
     await resolve(talents, project_id, first)
     await resolve(talents, project_id, second)
