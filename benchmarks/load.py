@@ -7,18 +7,20 @@
 Without --target it starts `satchel serve` in a subprocess on a scratch embedded database (a
 temporary SATCHEL_DATA_DIR) and stops it afterwards. It seeds one project (facts spread over
 `--subjects` subjects, a few episodes each), warms up, then runs each method in turn with N
-concurrent workers on one channel for a fixed duration (or request count), for each N of
-`--workers`, and prints requests/s, p50/p95/p99 latency (StreamContext: to the packet, and to
-the first decision) and errors by code. The driver is one process of its own, not pinned.
+concurrent workers for a fixed duration (or request count), for each N of `--workers`, spread
+over `--connections` connections (default 1; a server with SATCHEL_PROCESSES above 1, started
+here with `--server-processes`, needs several to use its processes), and prints requests/s,
+p50/p95/p99 latency (StreamContext: to the packet, and to the first decision) and errors by
+code. The driver is one process of its own, not pinned.
 
 Beside them, in the same run, the query embedding alone (unless `--no-baseline`): one process
 per core, each embedding the same queries one at a time with the server's model settings (one
-ONNX thread), for the same duration. Then the ratios: CPU per call (the server's and all its
-PostgreSQL processes', from /proc; the driver's own is printed beside it, not counted) over
-the CPU of one embedding, throughput over the
-embedding-only throughput, StreamContext over AssembleContext, and the single call's p50 (one
-worker) over one embedding's. CPU is counted when the script started the server, or with
-`--server-pid` and `--pgdata` for a running one.
+ONNX thread), for the same duration. Then the ratios: CPU per call (the server's processes' and
+all its PostgreSQL processes', from /proc; the driver's own is printed beside it, not counted)
+over the CPU of one embedding, throughput over the embedding-only throughput, StreamContext
+over AssembleContext, and the single call's p50 (one worker) over one embedding's. CPU is
+counted when the script started the server, or with `--server-pid` and `--pgdata` for a running
+one.
 
 Bounded: at most 64 workers, 300 s and 100 000 requests per method. `--seed-only` loads the
 data ghz (benchmarks/ghz.json) expects, then exits.
@@ -184,7 +186,7 @@ async def seed(
 
 
 async def run_method(
-    channel: grpc.aio.Channel,
+    channels: list[grpc.aio.Channel],
     method: str,
     project: str,
     subjects: int,
@@ -195,8 +197,9 @@ async def run_method(
     stream_batch: int = 0,
 ) -> Result:
     """`workers` concurrent loops calling `method` until the time or the request count is up
-    (StreamContext: with `stream_batch` as its max_decisions_per_message)."""
-    stub = context_pb2_grpc.ContextServiceStub(channel)
+    (StreamContext: with `stream_batch` as its max_decisions_per_message), spread over the
+    channels (connections) in turn."""
+    stubs = [context_pb2_grpc.ContextServiceStub(channel) for channel in channels]
     result = Result(method)
     deadline = time.perf_counter() + seconds
     issued = 0
@@ -213,7 +216,7 @@ async def run_method(
             "query": rng.choice(QUERIES).format(name=name),
         }
 
-    async def worker() -> None:
+    async def worker(stub: context_pb2_grpc.ContextServiceStub) -> None:
         while (fields := next_request()) is not None:
             started = time.perf_counter()
             try:
@@ -237,7 +240,7 @@ async def run_method(
             result.latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(workers)))
+    await asyncio.gather(*(worker(stubs[i % len(stubs)]) for i in range(workers)))
     result.seconds = time.perf_counter() - started
     return result
 
@@ -255,34 +258,45 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def children_of(parents: set[int]) -> list[int]:
+    """The live processes whose parent is one of `parents`."""
+    children = []
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[1]) in parents:  # fields[1]: the parent's pid
+            children.append(int(entry))
+    return children
+
+
 def postgres_pids(pgdata: Path) -> list[int]:
     """The postmaster of `pgdata` (first line of postmaster.pid) and its live children."""
     try:
         postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
     except (FileNotFoundError, IndexError, ValueError):
         return []
-    children = []
-    for entry in os.listdir("/proc"):
-        fields = _stat(int(entry)) if entry.isdigit() else None
-        if fields is not None and int(fields[1]) == postmaster:  # fields[1]: the parent's pid
-            children.append(int(entry))
-    return [postmaster, *children]
+    return [postmaster, *children_of({postmaster})]
 
 
 @dataclass(frozen=True)
 class CpuMeter:
-    """CPU seconds used by the server process and by every process of its PostgreSQL."""
+    """CPU seconds used by the server's processes (those given and their children: the workers
+    of SATCHEL_PROCESSES) and by every process of its PostgreSQL."""
 
-    server_pid: int | None
+    server_pids: tuple[int, ...]
     pgdata: Path | None
 
     def read(self) -> dict[str, float]:
-        server = self._seconds([self.server_pid] if self.server_pid else [], children=False)
         pids = postgres_pids(self.pgdata) if self.pgdata else []
+        server = set(self.server_pids)
+        server |= set(children_of(server)) - set(pids)
         # the postmaster's reaped children count in its cutime/cstime
         postgres = self._seconds(pids[:1], children=True) + self._seconds(pids[1:], children=False)
-        # this driver's own, on the same cores: what the machine spends to send the calls
-        return {"server": server, "postgres": postgres, "driver": time.process_time()}
+        return {
+            "server": self._seconds(sorted(server), children=False),
+            "postgres": postgres,
+            # this driver's own, on the same cores: what the machine spends to send the calls
+            "driver": time.process_time(),
+        }
 
     @staticmethod
     def _seconds(pids: list[int], *, children: bool) -> float:
@@ -404,13 +418,15 @@ async def wait_serving(channel: grpc.aio.Channel, timeout: float) -> None:
         await asyncio.sleep(0.2)
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`satchel serve` on a scratch embedded database and a free loopback port."""
+def start_server(data_dir: Path, processes: int) -> tuple[subprocess.Popen[bytes], str]:
+    """`satchel serve` on a scratch embedded database and a free loopback port, with
+    `processes` server processes (SATCHEL_PROCESSES)."""
     target = f"127.0.0.1:{free_port()}"
     env = {
         **os.environ,
         "SATCHEL_DATA_DIR": str(data_dir),
         "SATCHEL_LISTEN": target,
+        "SATCHEL_PROCESSES": str(processes),
         "SATCHEL_LOG_LEVEL": "error",
         "GRPC_VERBOSITY": "ERROR",
     }
@@ -434,6 +450,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"target {report['target']}  facts {report['facts']} ({report['subjects']} subjects)"
         f"  stream batch {report['stream_batch']}  cpus {report['cpus']}"
+        f"  connections {report['connections']}"
+        f"  server processes {report['server_processes'] or 'as running'}"
         "  driver: one process, not pinned"
     )
     print(
@@ -474,11 +492,11 @@ async def main(args: argparse.Namespace) -> int:
     process = None
     scratch = None
     target = args.target
-    meter = CpuMeter(args.server_pid, args.pgdata)
+    meter = CpuMeter(tuple(args.server_pid), args.pgdata)
     if target is None:
         scratch = tempfile.TemporaryDirectory(prefix="satchel-load-", dir="/var/tmp")
-        process, target = start_server(Path(scratch.name))
-        meter = CpuMeter(process.pid, Path(scratch.name) / "pg")
+        process, target = start_server(Path(scratch.name), args.server_processes)
+        meter = CpuMeter((process.pid,), Path(scratch.name) / "pg")
     elif not is_loopback(target):
         print(f"load.py drives loopback servers only, not {target}", file=sys.stderr)
         return 2
@@ -486,7 +504,14 @@ async def main(args: argparse.Namespace) -> int:
     summaries = []
     baseline = None
     try:
-        async with grpc.aio.insecure_channel(target) as channel:
+        # One connection per channel (gRPC shares one between channels by default): the
+        # kernel spreads connections over a server's processes (SATCHEL_PROCESSES).
+        channels = [
+            grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(args.connections)
+        ]
+        channel = channels[0]
+        try:
             await wait_serving(channel, 180)
             await seed(channel, project, args.facts, args.subjects, rng)
             if args.seed_only:
@@ -498,7 +523,7 @@ async def main(args: argparse.Namespace) -> int:
             for workers in args.workers:
                 for method in args.methods:
                     await run_method(
-                        channel,
+                        channels,
                         method,
                         project,
                         args.subjects,
@@ -510,7 +535,7 @@ async def main(args: argparse.Namespace) -> int:
                     )
                     before = meter.read()
                     result = await run_method(
-                        channel,
+                        channels,
                         method,
                         project,
                         args.subjects,
@@ -522,11 +547,13 @@ async def main(args: argparse.Namespace) -> int:
                     )
                     after = meter.read()
                     summary = {"workers": workers, **result.summary()}
-                    if meter.server_pid and summary["ok"]:
+                    if meter.server_pids and summary["ok"]:
                         used = {k: 1000 * (after[k] - before[k]) / summary["ok"] for k in after}
                         used["total"] = used["server"] + used["postgres"]  # the driver apart
                         summary["cpu_ms_per_call"] = {k: round(v, 2) for k, v in used.items()}
                     summaries.append(summary)
+        finally:
+            await asyncio.gather(*(c.close() for c in channels))
         if not args.no_baseline:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
             baseline = await asyncio.to_thread(embedding_baseline, args.duration, cores)
@@ -540,6 +567,8 @@ async def main(args: argparse.Namespace) -> int:
         "facts": args.facts,
         "subjects": args.subjects,
         "stream_batch": args.stream_batch,
+        "connections": args.connections,
+        "server_processes": args.server_processes if args.target is None else None,
         "cpus": os.cpu_count(),
         "results": summaries,
     }
@@ -582,6 +611,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="StreamContext's max_decisions_per_message (0: one decision a message)",
     )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="connections the workers are spread over (max 64; default 1)",
+    )
+    parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=1,
+        help="without --target: the started server's SATCHEL_PROCESSES (default 1)",
+    )
     parser.add_argument("--project", help="project to seed and query (default: a new one)")
     parser.add_argument("--seed-only", action="store_true", help="seed the project, then exit")
     parser.add_argument("--seed", type=int, default=7, help="random seed")
@@ -589,7 +630,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the embedding-alone measurement"
     )
-    parser.add_argument("--server-pid", type=int, help="with --target: the server's pid (CPU)")
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        nargs="+",
+        default=[],
+        help="with --target: the server's pid, or the pids of its processes (CPU)",
+    )
     parser.add_argument(
         "--pgdata", type=Path, help="with --target: its PostgreSQL data directory (CPU)"
     )
@@ -598,6 +645,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.duration = MAX_SECONDS if args.requests is not None else 10.0
     if not all(1 <= w <= MAX_WORKERS for w in args.workers):
         parser.error(f"--workers must be in 1..{MAX_WORKERS}")
+    if not 1 <= args.connections <= MAX_WORKERS:
+        parser.error(f"--connections must be in 1..{MAX_WORKERS}")
+    if not 1 <= args.server_processes <= 4:
+        parser.error("--server-processes must be in 1..4")
     if not 0 < args.duration <= MAX_SECONDS or not 0 <= args.warmup <= MAX_SECONDS:
         parser.error(f"--duration and --warmup must be at most {MAX_SECONDS:.0f} s")
     if args.requests is not None and not 1 <= args.requests <= MAX_REQUESTS:

@@ -6,7 +6,9 @@ present alone may use them all. A client is present while it has calls running o
 for `lease` seconds after its last one ended (so that a client calling in sequence keeps its
 share between two calls). A call beyond its client's share waits its turn; turns go to clients
 in rotation (round robin), not to calls in arrival order. A client with no call running waits
-for no turn: its call runs at once, beyond `active` if need be (up to `active + newcomers`).
+for no turn: its call runs at once, beyond `active` if need be (up to `active + newcomers`), and
+so does its oldest waiting call as soon as its last running one ends; calls of one client run in
+arrival order.
 
 So a client with a thousand calls waiting delays another client's call only by sharing the CPU
 with its share of running calls. A client may have at most `per_client` calls running or
@@ -134,7 +136,7 @@ class FairAdmission:
 
     def _may_run_now(self, client: str) -> bool:
         mine = self._running.get(client, 0)
-        if mine == 0:
+        if mine == 0 and client not in self._waiting:
             return self.running < self.ceiling
         return self.running < self.active and not self._waiting and mine < self.share()
 
@@ -162,12 +164,19 @@ class FairAdmission:
                 del self._waiting[client]
 
     def _admit_next(self) -> None:
-        """Give free slots to the next clients in rotation below their share, one call each."""
-        while self.running < self.active and self._waiting:
-            share = self.share()
-            client = next(
-                (name for name in self._waiting if self._running.get(name, 0) < share), None
-            )
+        """Give free slots to waiting clients, one call each: in rotation to those below their
+        share while fewer than `active` run, then, up to the ceiling, to those with no call
+        running (as a newcomer's call would run: the client's own next call never overtakes it).
+        """
+        while self._waiting:
+            if self.running < self.active:
+                share = self.share()
+                below = (name for name in self._waiting if self._running.get(name, 0) < share)
+            elif self.running < self.ceiling:
+                below = (name for name in self._waiting if name not in self._running)
+            else:
+                return
+            client = next(below, None)
             if client is None:
                 return  # every waiting client runs its share: the next call to end admits
             queue = self._waiting[client]

@@ -23,6 +23,7 @@ from satchel.server.config import ConfigError, Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.interceptors import ServiceInterceptor
 from satchel.server.probe import DatabaseProbe
+from satchel.server.processes import WorkerProcesses
 from satchel.server.reads import ReadTarget
 from satchel.server.retention import TraceRetention
 from satchel.server.runtime import Runtime, RuntimeRef
@@ -79,7 +80,8 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),
+        # One process: a port in use is an error, not shared. Several: they share it.
+        ("grpc.so_reuseport", int(settings.processes > 1)),
         ("grpc.max_concurrent_streams", settings.max_calls_per_client),
         ("grpc.http.overload_protection", 0),
         ("grpc.server.max_pending_requests", backlog),
@@ -110,10 +112,16 @@ def freeze_startup_objects() -> int:
 
 
 class SatchelServer:
-    """One satchel replica: the gRPC server plus the resources its services need."""
+    """One satchel replica: the gRPC server plus the resources its services need.
 
-    def __init__(self, settings: Settings) -> None:
+    A `worker` (server/processes.py) serves calls on an existing database, listening only once
+    ready, and runs no maintenance; a primary with SATCHEL_PROCESSES above 1 starts its workers.
+    """
+
+    def __init__(self, settings: Settings, *, worker: bool = False) -> None:
         self.settings = settings
+        self.worker = worker
+        self.workers: WorkerProcesses | None = None
         self.runtime = RuntimeRef()
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
@@ -150,8 +158,37 @@ class SatchelServer:
         )
 
     async def start(self) -> None:
-        """Listen (NOT_SERVING), prepare database and model, then report SERVING."""
+        """Listen (NOT_SERVING), prepare database and model, then report SERVING; a worker
+        prepares first, then listens."""
         self.settings.require_embedded_database()  # before listening: fail fast
+        server = self._build_server()
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Alive as soon as the process runs; only the graceful shutdown turns it NOT_SERVING.
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        if not self.worker:
+            await self._listen(server)
+        self.metrics_port = await self.telemetry.start(self.settings.metrics_listen)
+        if self.metrics_port is not None:
+            log.info(
+                "metrics_listening", address=self.settings.metrics_listen, port=self.metrics_port
+            )
+        self.runtime.value = await self._prepare_runtime()
+        if self.worker:  # sharing the port: the kernel must not route to an unready process
+            await self._listen(server)
+        else:
+            await self._start_retention()
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._start_probe()
+        log.info(
+            "server_ready",
+            embedding_model=self.runtime.value.embedder.model_id,
+            frozen_objects=freeze_startup_objects(),
+        )
+        if not self.worker and self.settings.processes > 1 and self.port is not None:
+            self.workers = WorkerProcesses(self.settings, self._dsn, self.port)
+            self.workers.start()
+
+    def _build_server(self) -> grpc.aio.Server:
         # The telemetry interceptor (when enabled) is outermost: it sees every final status.
         telemetry = self.telemetry.interceptor()
         server = grpc.aio.server(
@@ -169,28 +206,14 @@ class SatchelServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, grpc_reflection.SERVICE_NAME), server
         )
-        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        # Alive as soon as the process runs; only the graceful shutdown turns it NOT_SERVING.
-        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        return server
+
+    async def _listen(self, server: grpc.aio.Server) -> None:
         self.port = self._add_port(server)
         await server.start()
         self._server = server
         log.info("server_listening", address=self.settings.listen, port=self.port)
         self._log_access()
-        self.metrics_port = await self.telemetry.start(self.settings.metrics_listen)
-        if self.metrics_port is not None:
-            log.info(
-                "metrics_listening", address=self.settings.metrics_listen, port=self.metrics_port
-            )
-        self.runtime.value = await self._prepare_runtime()
-        await self._start_retention()
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        self._start_probe()
-        log.info(
-            "server_ready",
-            embedding_model=self.runtime.value.embedder.model_id,
-            frozen_objects=freeze_startup_objects(),
-        )
 
     async def _prepare_runtime(self) -> Runtime:
         settings = self.settings
@@ -388,6 +411,8 @@ class SatchelServer:
         self._probe_task = self._supervisor = self._retention_task = None
         self._scope_index_task = None
         await self.health.enter_graceful_shutdown()
+        # The workers drain beside this process; the database stops once they are gone.
+        workers = [asyncio.create_task(self.workers.stop())] if self.workers else []
         if self.runtime.value is not None and self.runtime.value.traces is not None:
             # Watch streams never end on their own: end them now (UNAVAILABLE, watch again
             # elsewhere) instead of holding the drain for the whole grace period.
@@ -402,7 +427,7 @@ class SatchelServer:
             await runtime.reads.close()
             runtime.executor.shutdown(wait=False, cancel_futures=True)
         # Stopped during startup: let the database finish starting, then stop it below.
-        await asyncio.gather(*self._preparing, return_exceptions=True)
+        await asyncio.gather(*self._preparing, *workers, return_exceptions=True)
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
             self._embedded = None

@@ -23,33 +23,13 @@ log = structlog.get_logger("satchel")
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    """Run the gRPC server until SIGTERM or SIGINT."""
+    """Run the gRPC server (and its worker processes) until SIGTERM or SIGINT."""
     from satchel.server.app import SatchelServer
+    from satchel.server.processes import run_until_stopped
 
-    async def run() -> int:
-        server = SatchelServer(settings)
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-        try:
-            starting = asyncio.create_task(server.start())
-            stop_wait = asyncio.create_task(stopping.wait())
-            await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if starting.done():
-                starting.result()
-                await stop_wait
-            else:
-                starting.cancel()
-        except ConfigError as exc:
-            log.error("startup_failed", error=str(exc))
-            return 2
-        finally:
-            log.info("shutting_down")
-            await server.stop()
-        return 0
-
-    return asyncio.run(run())
+    server = SatchelServer(settings)
+    signals = (signal.SIGTERM, signal.SIGINT)
+    return asyncio.run(run_until_stopped(server.start, server.stop, signals))
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -204,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     # lines unless SATCHEL_LOG_FORMAT asks otherwise. The server logs JSON for machines.
     if func is not cmd_serve and not os.environ.get("SATCHEL_LOG_FORMAT"):
         settings = replace(settings, log_format="console")
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, with_pid=settings.processes > 1)
     for name, closest in unknown_variables():
         hint = f" (did you mean {closest}?)" if closest else ""
         if func is cmd_serve:

@@ -17,6 +17,9 @@ from typing import Any
 
 DEFAULT_EMBED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 OTEL_MODES = ("off", "otlp", "console", "global")
+MAX_PROCESSES = 64
+# PostgreSQL's default max_connections (100), less room for the maintenance and for commands.
+EMBEDDED_MAX_CONNECTIONS = 90
 
 
 class ConfigError(ValueError):
@@ -174,6 +177,9 @@ class Settings:
     embedded_database: bool = True
     data_dir: Path = field(default_factory=_default_data_dir)
     listen: str = "127.0.0.1:50051"
+    # Server processes sharing the listen port (SO_REUSEPORT; README "Several processes"): the
+    # first runs the embedded database and the maintenance, the others serve calls only.
+    processes: int = 1
     embed_model: str = DEFAULT_EMBED_MODEL
     embed_model_path: Path | None = None
     embed_threads: int = 1
@@ -242,6 +248,16 @@ class Settings:
         c, t = self.context, self.talents
         checks = [
             (self.embed_threads >= 1, "SATCHEL_EMBED_THREADS must be at least 1"),
+            (
+                1 <= self.processes <= MAX_PROCESSES,
+                f"SATCHEL_PROCESSES must be 1 to {MAX_PROCESSES}",
+            ),
+            (
+                bool(self.database_url)
+                or self.processes * self.connections_per_process() <= EMBEDDED_MAX_CONNECTIONS,
+                f"SATCHEL_PROCESSES x (2 x SATCHEL_DB_POOL_MAX + 2) must be at most "
+                f"{EMBEDDED_MAX_CONNECTIONS}, the embedded PostgreSQL's connections",
+            ),
             (1 <= self.db_pool_min <= self.db_pool_max, "need 1 <= SATCHEL_DB_POOL_MIN <= MAX"),
             (self.hnsw_ef_search >= 1, "SATCHEL_HNSW_EF_SEARCH must be positive"),
             (c.default_budget_tokens > 0, "SATCHEL_DEFAULT_BUDGET_TOKENS must be positive"),
@@ -400,12 +416,19 @@ class Settings:
                 " PostgreSQL (SATCHEL_EMBEDDED_DATABASE=false)"
             )
 
+    def connections_per_process(self) -> int:
+        """Database connections one server process may hold: its two pools, the watch listener
+        and the health probe."""
+        return 2 * self.db_pool_max + 2
+
     def active_calls(self) -> int:
-        """SATCHEL_MAX_ACTIVE_CALLS, else one per core: a call admitted next waits for about
-        one call per core, not for every call in flight (benchmarks/fairness.md, 2 cores: one
-        running gave x2.65 under a flood but 53 calls/s at 8 workers, one per core x3 and 71/s,
-        two per core x4.7 and 77/s)."""
-        return self.max_active_calls or (os.cpu_count() or 1)
+        """SATCHEL_MAX_ACTIVE_CALLS, else one per core, shared by the SATCHEL_PROCESSES (at least
+        one each): a call admitted next waits for about one call per core, not for every call in
+        flight (benchmarks/fairness.md, 2 cores: one running gave x2.65 under a flood but 53
+        calls/s at 8 workers, one per core x3 and 71/s, two per core x4.7 and 77/s; two processes
+        with one each: as many calls/s as with two each, p99 2.2x p50 against 2.7x,
+        benchmarks/load.md)."""
+        return self.max_active_calls or max(1, (os.cpu_count() or 1) // self.processes)
 
     def auth_required(self) -> bool:
         """Whether satchel.v1 calls need an API key (SATCHEL_AUTH, else: not on loopback only)."""

@@ -9,6 +9,7 @@ While an OpenTelemetry span is current (SATCHEL_OTEL not `off`), each line carri
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -64,10 +65,16 @@ def add_otel_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     return event_dict
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
+def add_pid(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Add the process id: which of a server's processes (SATCHEL_PROCESSES) wrote the line."""
+    event_dict.setdefault("pid", os.getpid())
+    return event_dict
+
+
+def configure_logging(level: str = "info", fmt: str = "json", *, with_pid: bool = False) -> None:
     """Route structlog and stdlib logging (gRPC's `grpc` loggers among them) to stderr in the
-    chosen format. Stdlib records below WARNING are dropped (libraries' chatter) unless the level
-    is stricter still."""
+    chosen format, each line with its `pid` when `with_pid`. Stdlib records below WARNING are
+    dropped (libraries' chatter) unless the level is stricter still."""
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     renderer: Processor = (
         structlog.processors.JSONRenderer()
@@ -77,6 +84,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         add_otel_ids,
+        *([add_pid] if with_pid else []),
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

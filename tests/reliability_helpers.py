@@ -252,6 +252,20 @@ def make_certificates(directory: Path) -> Certificates:
     )
 
 
+def embedded_serve_env(data_dir: Path, **settings: str) -> dict[str, str]:
+    """The environment of a `satchel serve` subprocess on an embedded database of its own in
+    `data_dir`, on a free loopback port, logging JSON: this one's, less its database and auth
+    settings, plus `settings`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SATCHEL_DATABASE_URL", "SATCHEL_AUTH")}
+    env.update(
+        SATCHEL_DATA_DIR=str(data_dir),
+        SATCHEL_LISTEN="127.0.0.1:0",
+        SATCHEL_LOG_FORMAT="json",
+        **settings,
+    )
+    return env
+
+
 async def logged_port(proc: subprocess.Popen, log_path: Path, timeout: float = 120) -> int:
     """The port a `satchel serve` subprocess with JSON logs says it listens on (a failure
     showing its log if it exits first or never listens)."""

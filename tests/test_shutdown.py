@@ -24,7 +24,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from memory_helpers import fact_request
 from memory_helpers import stub as memory_stub
-from reliability_helpers import SATCHEL, bearer, logged_port, poll, satchel_cli
+from reliability_helpers import (
+    SATCHEL,
+    bearer,
+    embedded_serve_env,
+    logged_port,
+    poll,
+    satchel_cli,
+)
 
 from satchel.v1 import context_pb2, context_pb2_grpc
 
@@ -78,14 +85,7 @@ async def test_sigterm_drains_calls_refuses_new_ones_and_stops_the_database(
 ) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="shutdown-", dir=test_root))
     log_path = data_dir / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("SATCHEL_DATABASE_URL", "SATCHEL_AUTH")}
-    env.update(
-        SATCHEL_DATA_DIR=str(data_dir),
-        SATCHEL_LISTEN="127.0.0.1:0",
-        SATCHEL_AUTH="required",
-        SATCHEL_SHUTDOWN_GRACE_SECONDS="30",
-        SATCHEL_LOG_FORMAT="json",
-    )
+    env = embedded_serve_env(data_dir, SATCHEL_AUTH="required", SATCHEL_SHUTDOWN_GRACE_SECONDS="30")
     with log_path.open("w") as log_file:
         proc = subprocess.Popen([SATCHEL, "serve"], env=env, stdout=log_file, stderr=log_file)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -103,3 +104,32 @@ def test_unknown_variables_are_named_with_the_closest_setting() -> None:
         ("SATCHEL_TALENT_MARGN", "SATCHEL_TALENT_MARGIN"),
         ("SATCHEL_WIEGHT_RECENCY", "SATCHEL_WEIGHT_RECENCY"),
     ]
+
+
+def test_processes_default_to_one_and_are_bounded() -> None:
+    assert Settings.from_env({}).processes == 1
+    assert Settings.from_env({"SATCHEL_PROCESSES": "4"}).processes == 4
+    for raw in ("0", "65"):
+        with pytest.raises(ConfigError, match="SATCHEL_PROCESSES must be 1 to 64"):
+            Settings.from_env({"SATCHEL_PROCESSES": raw})
+
+
+def test_processes_must_fit_the_embedded_databases_connections() -> None:
+    """4 processes x (2 pools of 10 + 2) = 88 connections fit the embedded PostgreSQL; 5 do not,
+    unless the pools are smaller or the database is the operator's own."""
+    assert Settings.from_env({"SATCHEL_PROCESSES": "4"}).connections_per_process() == 22
+    with pytest.raises(ConfigError, match="SATCHEL_PROCESSES x"):
+        Settings.from_env({"SATCHEL_PROCESSES": "5"})
+    Settings.from_env({"SATCHEL_PROCESSES": "5", "SATCHEL_DB_POOL_MAX": "5"})
+    Settings.from_env({"SATCHEL_PROCESSES": "16", "SATCHEL_DATABASE_URL": "postgresql://db/x"})
+
+
+def test_running_calls_default_to_the_cores_shared_by_the_processes() -> None:
+    cores = os.cpu_count() or 1
+    assert Settings.from_env({}).active_calls() == cores
+    two = Settings.from_env({"SATCHEL_PROCESSES": "2", "SATCHEL_DB_POOL_MAX": "5"})
+    assert two.active_calls() == max(1, cores // 2)
+    many = Settings.from_env({"SATCHEL_PROCESSES": "64", "SATCHEL_DATABASE_URL": "postgresql://x"})
+    assert many.active_calls() == 1
+    set_ = Settings.from_env({"SATCHEL_PROCESSES": "2", "SATCHEL_MAX_ACTIVE_CALLS": "3"})
+    assert set_.active_calls() == 3
