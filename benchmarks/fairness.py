@@ -33,6 +33,7 @@ import load  # benchmarks/load.py: server start, seeding
 from satchel.v1 import context_pb2, context_pb2_grpc
 
 PROJECT = "fairness"
+SUBJECTS = 5  # the facts spread over user-0…user-4
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
@@ -43,7 +44,7 @@ async def timed_calls(
     for i in range(n):
         request = context_pb2.AssembleContextRequest(
             project_id=project,
-            subject_id=f"user-{i % load.SUBJECTS}",
+            subject_id=f"user-{i % SUBJECTS}",
             query="Where does Priya live?",
         )
         started = time.perf_counter()
@@ -60,7 +61,7 @@ async def flood(target: str, project: str, in_flight: int, stop: asyncio.Event) 
         async def worker(i: int) -> None:
             request = context_pb2.AssembleContextRequest(
                 project_id=project,
-                subject_id=f"user-{i % load.SUBJECTS}",
+                subject_id=f"user-{i % SUBJECTS}",
                 query="Who plays the violin?",
             )
             while not stop.is_set():
@@ -83,7 +84,7 @@ async def main(args: argparse.Namespace) -> int:
             async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
                 await load.wait_serving(channel, timeout=120)
                 project = PROJECT
-                await load.seed(channel, project, args.facts, random.Random(7))
+                await load.seed(channel, project, args.facts, SUBJECTS, random.Random(7))
                 stub = context_pb2_grpc.ContextServiceStub(channel)
                 await timed_calls(stub, project, 10)  # warm up
                 alone = await timed_calls(stub, project, args.calls)

@@ -418,7 +418,7 @@ async def wait_serving(channel: grpc.aio.Channel, timeout: float) -> None:
         await asyncio.sleep(0.2)
 
 
-def start_server(data_dir: Path, processes: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(data_dir: Path, processes: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     """`satchel serve` on a scratch embedded database and a free loopback port, with
     `processes` server processes (SATCHEL_PROCESSES)."""
     target = f"127.0.0.1:{free_port()}"

@@ -42,7 +42,7 @@ async def medians(channel: grpc.aio.Channel, project: str, calls: int) -> tuple[
         await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
         checks.append((time.perf_counter() - started) * 1000)
         request = context_pb2.AssembleContextRequest(
-            project_id=project, subject_id=f"user-{i % load.SUBJECTS}", query="Who moved to Lima?"
+            project_id=project, subject_id=f"user-{i % 5}", query="Who moved to Lima?"
         )
         started = time.perf_counter()
         await context.AssembleContext(request, timeout=60)
@@ -57,7 +57,7 @@ async def main(args: argparse.Namespace) -> int:
             async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
                 await load.wait_serving(channel, timeout=120)
                 project = "watchers"
-                await load.seed(channel, project, 300, random.Random(7))
+                await load.seed(channel, project, 300, 5, random.Random(7))
                 await medians(channel, project, 5)  # warm up
                 alone = await medians(channel, project, args.calls)
                 channels, watches = [], []
