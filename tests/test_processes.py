@@ -40,6 +40,43 @@ def _ready_pids(log_path: Path) -> list[int]:
     return [e["pid"] for e in _events(log_path) if e["event"] == "server_ready"]
 
 
+async def _call_on_fresh_connections(
+    target: str, log_path: Path
+) -> tuple[list[context_pb2.AssembleContextResponse], set[int]]:
+    """One AssembleContext on each of CONNECTIONS new connections; the replies, and the pids
+    that logged those calls. Each trace is then read back through another connection, whichever
+    process wrote it."""
+    # A connection of its own per channel: gRPC would otherwise share one between them.
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CONNECTIONS)
+    ]
+    try:
+        replies = await asyncio.gather(
+            *(
+                context_pb2_grpc.ContextServiceStub(c).AssembleContext(
+                    context_pb2.AssembleContextRequest(**QUERY), timeout=60
+                )
+                for c in channels
+            )
+        )
+        traces = [
+            await context_pb2_grpc.ContextServiceStub(c).GetTrace(
+                context_pb2.GetTraceRequest(project_id=PROJECT, trace_id=r.trace_id), timeout=30
+            )
+            for c, r in zip(reversed(channels), replies, strict=True)
+        ]
+        assert [t.trace.trace_id for t in traces] == [r.trace_id for r in replies]
+    finally:
+        await asyncio.gather(*(c.close() for c in channels))
+    served_by = {
+        e["pid"]
+        for e in _events(log_path)
+        if e["event"] == "rpc" and e["method"].endswith("AssembleContext")
+    }
+    return replies, served_by
+
+
 async def test_two_processes_share_the_port_restart_a_dead_worker_and_stop_together(
     test_root: Path,
 ) -> None:
@@ -71,41 +108,13 @@ async def _run_scenario(proc: subprocess.Popen, log_path: Path, data_dir: Path) 
     primary = proc.pid
     (worker,) = set(_ready_pids(log_path)) - {primary}
 
-    # A connection of its own per channel: gRPC would otherwise share one between them.
-    channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(CONNECTIONS)
-    ]
-    try:
-        await memory_stub(channels[0]).AssertFact(
+    async with grpc.aio.insecure_channel(target) as channel:
+        await memory_stub(channel).AssertFact(
             fact_request(PROJECT, predicate="home", statement="Caroline lives in Lisbon")
         )
-        replies = await asyncio.gather(
-            *(
-                context_pb2_grpc.ContextServiceStub(c).AssembleContext(
-                    context_pb2.AssembleContextRequest(**QUERY), timeout=60
-                )
-                for c in channels
-            )
-        )
-        assert all("Lisbon" in r.packet.facts[0].statement for r in replies)
-        served_by = {
-            e["pid"]
-            for e in _events(log_path)
-            if e["event"] == "rpc" and e["method"].endswith("AssembleContext")
-        }
-        assert served_by == {primary, worker}, "one process served every connection"
-
-        # Each trace, whichever process wrote it, is read through every connection.
-        traces = [
-            await context_pb2_grpc.ContextServiceStub(c).GetTrace(
-                context_pb2.GetTraceRequest(project_id=PROJECT, trace_id=r.trace_id), timeout=30
-            )
-            for c, r in zip(reversed(channels), replies, strict=True)
-        ]
-        assert [t.trace.trace_id for t in traces] == [r.trace_id for r in replies]
-    finally:
-        await asyncio.gather(*(c.close() for c in channels))
+    replies, served_by = await _call_on_fresh_connections(target, log_path)
+    assert served_by == {primary, worker}, "one process served every connection"
+    assert all("Lisbon" in r.packet.facts[0].statement for r in replies)
 
     os.kill(worker, signal.SIGKILL)
 
@@ -115,6 +124,8 @@ async def _run_scenario(proc: subprocess.Popen, log_path: Path, data_dir: Path) 
 
     assert await poll(worker_replaced, timeout=120, interval=0.2), log_path.read_text()
     (replacement,) = set(_ready_pids(log_path)) - {primary, worker}
+    _, served_after = await _call_on_fresh_connections(target, log_path)
+    assert replacement in served_after, "the restarted worker serves no connection"
     exited = next(e for e in _events(log_path) if e["event"] == "worker_exited")
     assert (exited["worker_pid"], exited["exit_code"]) == (worker, -signal.SIGKILL)
     found = _postmaster(data_dir / "pg")
