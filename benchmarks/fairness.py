@@ -34,7 +34,6 @@ from satchel.v1 import context_pb2, context_pb2_grpc
 
 PROJECT = "fairness"
 SUBJECTS = 5  # the facts spread over user-0…user-4
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 async def timed_calls(
@@ -55,7 +54,7 @@ async def timed_calls(
 
 async def flood(target: str, project: str, in_flight: int, stop: asyncio.Event) -> Counter[str]:
     codes: Counter[str] = Counter()
-    async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
+    async with grpc.aio.insecure_channel(target, options=load.OWN_CONNECTION) as channel:
         stub = context_pb2_grpc.ContextServiceStub(channel)
 
         async def worker(i: int) -> None:
@@ -81,7 +80,7 @@ async def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="satchel-fairness-", dir="/var/tmp") as scratch:
         process, target = load.start_server(Path(scratch))
         try:
-            async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
+            async with grpc.aio.insecure_channel(target, options=load.OWN_CONNECTION) as channel:
                 await load.wait_serving(channel, timeout=120)
                 project = PROJECT
                 await load.seed(channel, project, args.facts, SUBJECTS, random.Random(7))

@@ -55,6 +55,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 MAX_WORKERS = 64
+# A channel with a connection of its own (gRPC shares one between channels by default).
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 MAX_SECONDS = 300.0
 MAX_REQUESTS = 100_000
 MAX_FACTS = 200_000
@@ -504,10 +506,9 @@ async def main(args: argparse.Namespace) -> int:
     summaries = []
     baseline = None
     try:
-        # One connection per channel (gRPC shares one between channels by default): the
-        # kernel spreads connections over a server's processes (SATCHEL_PROCESSES).
+        # The kernel spreads connections over a server's processes (SATCHEL_PROCESSES).
         channels = [
-            grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+            grpc.aio.insecure_channel(target, options=OWN_CONNECTION)
             for _ in range(args.connections)
         ]
         channel = channels[0]

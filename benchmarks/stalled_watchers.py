@@ -28,7 +28,6 @@ import load  # benchmarks/load.py: server start, seeding
 
 from satchel.v1 import context_pb2, context_pb2_grpc
 
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 STALLED = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16 * 1024)]
 PER_CONNECTION = 16
 
@@ -54,7 +53,7 @@ async def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="satchel-watchers-", dir="/var/tmp") as scratch:
         process, target = load.start_server(Path(scratch))
         try:
-            async with grpc.aio.insecure_channel(target, options=OWN_CONNECTION) as channel:
+            async with grpc.aio.insecure_channel(target, options=load.OWN_CONNECTION) as channel:
                 await load.wait_serving(channel, timeout=120)
                 project = "watchers"
                 await load.seed(channel, project, 300, 5, random.Random(7))
@@ -62,7 +61,8 @@ async def main(args: argparse.Namespace) -> int:
                 alone = await medians(channel, project, args.calls)
                 channels, watches = [], []
                 for first in range(0, args.watchers, PER_CONNECTION):
-                    stalled = grpc.aio.insecure_channel(target, options=STALLED + OWN_CONNECTION)
+                    options = STALLED + load.OWN_CONNECTION
+                    stalled = grpc.aio.insecure_channel(target, options=options)
                     channels.append(stalled)
                     stub = context_pb2_grpc.ContextServiceStub(stalled)
                     for _ in range(min(PER_CONNECTION, args.watchers - first)):
