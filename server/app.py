@@ -374,21 +374,26 @@ class SatchelServer:
         """While the database is down, start the embedded PostgreSQL again whenever its
         postmaster is not running (backoff 0.5 s doubling to 30 s after a failed start); the
         probe then finds it back and health turns SERVING. Each restart is logged and counted
-        (`satchel_embedded_postgres_restarts`)."""
+        (`satchel_embedded_postgres_restarts`). Nothing stops it but the database coming back
+        or the server stopping: every failure is logged and tried again."""
         delay = RESTART_BACKOFF[0]
         while self.probe is not None and not self.probe.up and self._embedded is not None:
             embedded = self._embedded
-            if not await asyncio.to_thread(embedded.is_running):
-                try:
+            try:
+                if not await asyncio.to_thread(embedded.is_running):
                     await asyncio.to_thread(embedded.restart)
-                except Exception as exc:  # not yet (its old backends may still hold memory)
-                    log.warning("embedded_postgres_restart_failed", error=str(exc), retry_s=delay)
-                    delay = min(delay * 2, RESTART_BACKOFF[1])
-                else:
                     self.postgres_restarts += 1
                     self.telemetry.observe_postgres_restart()
                     log.warning("embedded_postgres_restarted", restarts=self.postgres_restarts)
-                    delay = RESTART_BACKOFF[0]
+                delay = RESTART_BACKOFF[0]
+            except Exception as exc:  # not yet (its old backends may still hold memory)
+                log.warning(
+                    "embedded_postgres_restart_failed",
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_s=delay,
+                    exc_info=True,
+                )
+                delay = min(delay * 2, RESTART_BACKOFF[1])
             await asyncio.sleep(delay)
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:

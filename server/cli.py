@@ -34,21 +34,13 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply pending migrations to SATCHEL_DATABASE_URL (or the embedded database)."""
-    from satchel.server.storage.embedded import EmbeddedPostgres
+    from satchel.server.storage.embedded import database_url_or_embedded
     from satchel.server.storage.migrations import apply_migrations
 
-    embedded = None
-    dsn = settings.database_url
-    if not dsn:
+    if not settings.database_url:
         settings.require_embedded_database()
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        embedded = EmbeddedPostgres(settings.data_dir)
-        dsn = embedded.start()
-    try:
+    with database_url_or_embedded(settings.database_url, settings.data_dir) as dsn:
         applied = apply_migrations(dsn)
-    finally:
-        if embedded is not None:
-            embedded.stop()
     print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
     return 0
 
@@ -59,22 +51,16 @@ def cmd_index_scopes(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
     from satchel.server.scope_indexes import ScopeIndexes
-    from satchel.server.storage.embedded import EmbeddedPostgres
+    from satchel.server.storage.embedded import database_url_or_embedded
 
-    embedded = None
-    dsn = settings.database_url
-    if not dsn:
+    if not settings.database_url:
         settings.require_embedded_database()
-        embedded = EmbeddedPostgres(settings.data_dir)
-        dsn = embedded.start()
-    try:
-        outcome = asyncio.run(ScopeIndexes.from_settings(settings, dsn).run_once())
-    except psycopg.errors.UndefinedTable:
-        print("the database is not migrated: run `satchel migrate` first", file=sys.stderr)
-        return 2
-    finally:
-        if embedded is not None:
-            embedded.stop()
+    with database_url_or_embedded(settings.database_url, settings.data_dir) as dsn:
+        try:
+            outcome = asyncio.run(ScopeIndexes.from_settings(settings, dsn).run_once())
+        except psycopg.errors.UndefinedTable:
+            print("the database is not migrated: run `satchel migrate` first", file=sys.stderr)
+            return 2
     if not outcome.locked:
         print("another server is maintaining the scope indexes: nothing done")
         return 1
@@ -136,6 +122,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "satchel.server.commands.memory_cmds",
     "satchel.server.commands.demo",
     "satchel.server.commands.eval",
+    "satchel.server.commands.purge",
 )
 
 

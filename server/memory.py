@@ -488,11 +488,16 @@ async def list_conflicts(
 async def delete_event(runtime: Runtime, project_id: str, event_id: uuid.UUID) -> store.Deleted:
     """Forget an event (one transaction); an unknown one deletes nothing (idempotent)."""
     async with runtime.pool.connection() as conn, conn.transaction():
-        return await store.delete_event(conn, project_id, event_id)
+        deleted = await store.delete_event(conn, project_id, event_id)
+    if deleted.subject_id is not None:
+        runtime.forget_scope(project_id, deleted.subject_id)
+    return deleted
 
 
 async def delete_scopes(runtime: Runtime, project_id: str, subject_id: str | None) -> store.Deleted:
     """Forget one subject of a project, or the whole project with `subject_id` None (one
     transaction); nothing left to delete returns zero counts (idempotent)."""
     async with runtime.pool.connection() as conn, conn.transaction():
-        return await store.delete_scopes(conn, project_id, subject_id)
+        deleted = await store.delete_scopes(conn, project_id, subject_id)
+    runtime.forget_scope(project_id, subject_id)
+    return deleted

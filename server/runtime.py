@@ -60,6 +60,16 @@ class Runtime:
         self.scope_cache = ScopeCache(
             self.pool, context.scope_cache_mb * 2**20, context.scope_cache_max_rows
         )
+        if self.traces is not None:  # deletions this server hears of (other servers' too)
+            self.traces.on_erasure(self.scope_cache.forget)
+
+    def forget_scope(self, project_id: str, subject_id: str | None) -> None:
+        """Drop what this server holds in memory of a scope whose rows it just deleted (of
+        every scope of the project when `subject_id` is None); the other servers hear of it
+        from the database (`TraceHub.on_erasure`)."""
+        self.scope_cache.forget(project_id, subject_id)
+        if self.traces is not None:
+            self.traces.forget(project_id, subject_id)
 
     @property
     def context_pool(self) -> AsyncConnectionPool:

@@ -14,6 +14,10 @@ Bounded: a scope with more than `max_rows` events (or facts) is not held, and th
 recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary;
 a version is loaded at most once (a copy too large, a failed load or a lagging replica's
 version is not asked for again), unless its copy was dropped for room.
+
+Erasure: a copy found at an older version is dropped at once, and a deletion (DeleteEvent,
+DeleteSubject, DeleteProject, announced to every server at commit) drops the scope's copies
+and discards a load of it in flight, so deleted text does not stay in memory until eviction.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class ScopeCache:
         self._sightings: OrderedDict[ScopeKey, _Sighting] = OrderedDict()
         self._queue: OrderedDict[ScopeKey, None] = OrderedDict()  # an ordered set
         self._loader: asyncio.Task[None] | None = None
+        self._loading: ScopeKey | None = None
+        self._loading_erased = False  # the scope loading now was erased meanwhile
         self.bytes = 0
         self.stats = {EVENTS: ScopeCacheStats(), FACTS: ScopeCacheStats()}
 
@@ -107,6 +113,8 @@ class ScopeCache:
             stats.hits += 1
             return held
         stats.misses += 1
+        if held is not None:  # an older version: never served again
+            self._drop(key)
         seen = self._sightings.get(key)
         if seen is None or seen.version != version:
             self._sightings[key] = _Sighting(version)
@@ -127,13 +135,18 @@ class ScopeCache:
         while self._queue:
             key, _ = self._queue.popitem(last=False)
             kind, project_id, subject_id = key
+            self._loading, self._loading_erased = key, False
             try:
                 async with autocommit(self._pool) as conn:
                     held = await _LOADERS[kind](conn, project_id, subject_id, self.max_rows)
             except Exception:  # the calls keep using the statements
                 log.exception("scope cache: loading %s failed", key)
                 continue
+            finally:
+                self._loading = None
             self.stats[kind].loads += 1
+            if self._loading_erased:
+                continue
             if held is None:
                 self.stats[kind].too_large += 1
                 continue
@@ -156,6 +169,33 @@ class ScopeCache:
             seen = self._sightings.get(dropped_key)
             if seen is not None and seen.version == dropped.version:
                 seen.load_asked = False  # read twice more at its version, it comes back
+
+    def forget(self, project_id: str, subject_id: str | None) -> None:
+        """Drop what is held of a scope (of every scope of the project when `subject_id` is
+        None): its copies, its queued loads, a load in flight."""
+
+        def erased(key: ScopeKey) -> bool:
+            return key[1] == project_id and subject_id in (None, key[2])
+
+        for key in [k for k in self._scopes if erased(k)]:
+            self._drop(key)
+        for key in [k for k in self._queue if erased(k)]:
+            del self._queue[key]
+        for key in [k for k in self._sightings if erased(k)]:
+            del self._sightings[key]
+        if self._loading is not None and erased(self._loading):
+            self._loading_erased = True
+
+    def copies(self, project_id: str) -> list[Held]:
+        """The copies held of the project's scopes, whatever their version."""
+        return [held for key, held in self._scopes.items() if key[1] == project_id]
+
+    def held(self, project_id: str, subject_id: str) -> list[str]:
+        """The kinds (EVENTS, FACTS) held of a scope, whatever their version."""
+        return [kind for kind in (EVENTS, FACTS) if (kind, project_id, subject_id) in self._scopes]
+
+    def _drop(self, key: ScopeKey) -> None:
+        self.bytes -= self._scopes.pop(key).nbytes
 
     async def wait_loaded(self) -> None:
         """Wait for the loads queued so far (tests, benchmarks)."""

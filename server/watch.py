@@ -12,9 +12,16 @@ Design (see README, "Watching decisions live"):
   (`Watcher.dropped`, sent to the watcher as `dropped_traces`). Each watcher's own task reads the
   call (a short pooled read, shared by the watchers of the same call) and sends it, so a slow
   watcher slows only itself, never a context call.
+- Watchers take turns to write (`SendTurns`): fanning one call out to hundreds of watchers
+  (each decision is a message) never crowds the other calls out of the event loop; watchers
+  that cannot keep up fall behind and lose whole calls, counted. A write that waits on its
+  client (HTTP/2 flow control: it is not reading) gives its turn away.
 - The listener reconnects with backoff when the database goes away; it then catches up, from
   `context_calls`, the calls of watched projects created since shortly before the connection was
   last known alive (a call may then be announced twice; it is sent once).
+- The same connection hears deletions (`satchel_erasures`): the calls read for watchers of the
+  scope are forgotten (a queued call is read again, without what was deleted), and the hub's
+  erasure subscribers (the scope cache) drop what they hold of it.
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ import asyncio
 import json
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +43,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from satchel.server.context import EPISODE_EXCERPT_CHARS, Packet, ServedEpisode, ServedFact
 from satchel.server.domain.rendering import excerpt
 from satchel.server.storage import watch as store
+from satchel.server.storage.memory import ERASURES
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +54,7 @@ CATCH_UP_MARGIN = timedelta(seconds=30)
 CATCH_UP_LIMIT = 10_000
 RECENT_TRACES = 10_000
 LOAD_CACHE = 256
+READ_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ class WatchedCall:
     subject_id: str
     decisions: list[dict[str, Any]]
     packet: Packet
+    # Its wire messages, built once by the gRPC layer for every watcher of the call.
+    messages: list[Any] = field(default_factory=list, compare=False)
 
 
 @dataclass
@@ -103,6 +114,11 @@ class Watcher:
         self._ready.set()
         return True
 
+    @property
+    def pending(self) -> list[TraceRef]:
+        """The calls queued, not yet taken to be sent."""
+        return list(self._pending)
+
     def close(self) -> None:
         """End the watch: `next` returns None from now on."""
         self.closed = True
@@ -114,6 +130,59 @@ class Watcher:
             self._ready.clear()
             await self._ready.wait()
         return None if self.closed else self._pending.popleft()
+
+
+class SendTurns:
+    """Watch streams take turns to send: at most `size` turns held at a time, given in the order
+    they were asked for. So however many watchers there are, the event loop holds at most
+    `size` watcher writes among the other calls' steps, and watchers share the time left.
+
+    A turn is held while its message is written; a write still waiting after `hold` seconds
+    waits on its client (HTTP/2 flow control: it is not reading) and gives its turn away.
+    """
+
+    def __init__(self, size: int = 1, hold: float = 0.02) -> None:
+        self.hold = hold
+        self.held = 0  # turns held now
+        self.most_held = 0
+        self.given_away = 0  # turns released by `hold` rather than by their write
+        self._turns = asyncio.Semaphore(size)
+
+    async def take(self) -> Turn:
+        """Wait for a turn; release it once the message is written."""
+        await self._turns.acquire()
+        self.held += 1
+        self.most_held = max(self.most_held, self.held)
+        turn = Turn(self)
+        turn.timer = asyncio.get_running_loop().call_later(self.hold, turn.give_away)
+        return turn
+
+    def _release(self) -> None:
+        self.held -= 1
+        self._turns.release()
+
+
+class Turn:
+    """One watcher's turn to send (see `SendTurns`)."""
+
+    def __init__(self, turns: SendTurns) -> None:
+        self._turns = turns
+        self.timer: asyncio.TimerHandle | None = None
+        self.released = False
+
+    def release(self) -> None:
+        """Give the turn to the next watcher (once; later calls do nothing)."""
+        if not self.released:
+            self.released = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self._turns._release()
+
+    def give_away(self) -> None:
+        """The write waits on its client: let the next watcher write meanwhile."""
+        if not self.released:
+            self._turns.given_away += 1
+            self.release()
 
 
 def rebuild_packet(stored: store.StoredCall) -> Packet:
@@ -152,6 +221,10 @@ def rebuild_packet(stored: store.StoredCall) -> Packet:
     )
 
 
+def _of_scope(ref: TraceRef, project_id: str, subject_id: str | None) -> bool:
+    return ref.project_id == project_id and subject_id in (None, ref.subject_id)
+
+
 def _retrieve_exception(task: asyncio.Task[Any]) -> None:
     # Its waiters see the error; this keeps asyncio from logging a task nobody awaited.
     if not task.cancelled():
@@ -170,10 +243,17 @@ class TraceHub:
         self._pool = pool
         self._watchers: dict[str, set[Watcher]] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
-        self._loads: OrderedDict[str, asyncio.Task[WatchedCall | None]] = OrderedDict()
+        self._loads: OrderedDict[TraceRef, asyncio.Task[WatchedCall | None]] = OrderedDict()
+        self._erasures = 0  # deletions heard so far
         self._connected = asyncio.Event()
         self._last_alive: datetime | None = None
         self._task: asyncio.Task[None] | None = None
+        self._erasure_subscribers: list[Callable[[str, str | None], None]] = []
+        self.turns = SendTurns()
+
+    def watchers_of(self, project_id: str) -> list[Watcher]:
+        """The watchers of a project on this replica."""
+        return list(self._watchers.get(project_id, ()))
 
     @property
     def watchers(self) -> int:
@@ -247,6 +327,30 @@ class TraceHub:
                         queue_size=watcher.maxsize,
                     )
 
+    def on_erasure(self, subscriber: Callable[[str, str | None], None]) -> None:
+        """Call `subscriber(project_id, subject_id or None)` on every deletion announced."""
+        self._erasure_subscribers.append(subscriber)
+
+    def forget(self, project_id: str, subject_id: str | None) -> None:
+        """Forget the calls read for watchers of a scope (of the whole project when
+        `subject_id` is None): a call still queued is read again, after the deletion; a read in
+        flight is read again (`_read`)."""
+        self._erasures += 1
+        for ref in [r for r in self._loads if _of_scope(r, project_id, subject_id)]:
+            del self._loads[ref]
+
+    def _on_erasure(self, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+            project_id, subject_id = str(data["project_id"]), data["subject_id"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("bad_erasure_notification", payload=payload[:200])
+            return
+        subject = None if subject_id is None else str(subject_id)
+        self.forget(project_id, subject)
+        for subscriber in self._erasure_subscribers:
+            subscriber(project_id, subject)
+
     def _on_notify(self, payload: str) -> None:
         self.stats.notifications += 1
         try:
@@ -260,18 +364,26 @@ class TraceHub:
     async def _load(self, ref: TraceRef) -> WatchedCall | None:
         # Watchers of the same call share one read; shielded so that one watcher leaving does
         # not cancel the read the others wait for.
-        task = self._loads.get(ref.trace_id)
+        task = self._loads.get(ref)
         if task is None:
             task = asyncio.create_task(self._read(ref))
             task.add_done_callback(_retrieve_exception)
-            self._loads[ref.trace_id] = task
+            self._loads[ref] = task
             if len(self._loads) > LOAD_CACHE:
                 self._loads.popitem(last=False)
         return await asyncio.shield(task)
 
     async def _read(self, ref: TraceRef) -> WatchedCall | None:
-        async with self._pool.connection() as conn:
-            stored = await store.load_call(conn, ref.project_id, uuid.UUID(ref.trace_id))
+        # A deletion heard while reading may have committed after the read began: read again,
+        # so that no watcher is sent what was deleted before it was sent.
+        for _ in range(READ_ATTEMPTS):
+            erasures = self._erasures
+            async with self._pool.connection() as conn:
+                stored = await store.load_call(conn, ref.project_id, uuid.UUID(ref.trace_id))
+            if erasures == self._erasures:
+                break
+        else:
+            raise psycopg.OperationalError("deletions kept coming while the call was read")
         if stored is None:
             return None
         return WatchedCall(
@@ -291,6 +403,7 @@ class TraceHub:
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {store.CHANNEL}")
+                    await conn.execute(f"LISTEN {ERASURES}")
                     await self._probe(conn)
                     self.listener_pid = conn.info.backend_pid
                     self.stats.connected = True
@@ -302,7 +415,10 @@ class TraceHub:
                     delay = self.reconnect_min
                     while True:
                         async for notify in conn.notifies(timeout=PROBE_SECONDS):
-                            self._on_notify(notify.payload)
+                            if notify.channel == ERASURES:
+                                self._on_erasure(notify.payload)
+                            else:
+                                self._on_notify(notify.payload)
                         await self._probe(conn)
             except (psycopg.Error, OSError) as exc:
                 self.stats.connected = False

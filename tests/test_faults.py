@@ -213,7 +213,8 @@ async def test_a_dead_embedded_postgres_is_started_again(
         os.kill(info.pid, signal.SIGKILL)
         assert await poll(lambda: _is(status, NOT_SERVING), timeout=20)
         assert await poll(lambda: _is(status, SERVING), timeout=90), "never started again"
-        assert server.postgres_restarts >= 1
+        # Counted once the restart returns, which may be after the probe finds it back.
+        assert await poll(lambda: _restarted(server), timeout=30)
         after = PostmasterInfo.read_from_pgdata(data_dir / "pg")
         assert after is not None and after.pid != info.pid
         reply = await context_pb2_grpc.ContextServiceStub(channel).AssembleContext(
@@ -228,3 +229,61 @@ async def _is(status, wanted: int) -> bool:
         return await status() == wanted
     except grpc.aio.AioRpcError:
         return False
+
+
+def _leave_partial_pid_file(pgdata: Path, lines: list[str], pid: int) -> None:
+    """What a postmaster killed while starting leaves: its postmaster.pid without the status
+    line (7 of 8 lines), naming a pid that no longer runs."""
+    (pgdata / "postmaster.pid").write_text("\n".join([str(pid), *lines[1:7]]) + "\n")
+
+
+async def test_a_postmaster_killed_while_starting_is_started_again(
+    settings: Settings, test_root: Path
+) -> None:
+    """The postmaster killed, its postmaster.pid left partial (7 lines, as a kill during its
+    start leaves it): the supervisor still starts it again, and so does a new satchel on the
+    same data directory."""
+    import os
+    import signal
+
+    from satchel.server.storage.embedded import postmaster_pid
+
+    data_dir = Path(tempfile.mkdtemp(prefix="supervise-", dir=test_root))
+    shared_cache = settings.data_dir / "cache"
+    shared_cache.mkdir(parents=True, exist_ok=True)
+    (data_dir / "cache").symlink_to(shared_cache, target_is_directory=True)
+    pgdata = data_dir / "pg"
+    async with (
+        running(settings, database_url=None, data_dir=data_dir, db_probe_seconds=0.2) as server,
+        channel_to(server) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def status() -> int:
+            return (await health.Check(health_pb2.HealthCheckRequest(), timeout=5)).status
+
+        pid = postmaster_pid(pgdata)
+        assert pid is not None
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        os.kill(pid, signal.SIGKILL)
+        _leave_partial_pid_file(pgdata, lines, pid)
+        assert await poll(lambda: _is(status, NOT_SERVING), timeout=20)
+        assert await poll(lambda: _is(status, SERVING), timeout=90), "never started again"
+        # Counted once the restart returns, which may be after the probe finds it back.
+        assert await poll(lambda: _restarted(server), timeout=30)
+        assert postmaster_pid(pgdata) not in (None, pid)
+    # Left so while satchel was stopped: the next start on the data directory repairs it.
+    _leave_partial_pid_file(pgdata, lines, pid)
+    async with running(settings, database_url=None, data_dir=data_dir) as server:
+        async with channel_to(server) as channel:
+            reply = await context_pb2_grpc.ContextServiceStub(channel).AssembleContext(
+                context_pb2.AssembleContextRequest(
+                    project_id="partial", subject_id="u", query="hi"
+                ),
+                timeout=20,
+            )
+        assert reply.trace_id
+
+
+async def _restarted(server: Any) -> bool:
+    return bool(server.postgres_restarts >= 1)

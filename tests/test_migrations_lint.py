@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SQUAWK = str(Path(sys.executable).parent / "squawk")
 CONFIG = ROOT / ".squawk.toml"
 LAST_RELEASED = 11  # migrations up to this number are excluded from the lint (released)
-HEAD = "-- depends: 0018_scope_versions\n"
+LAST = sorted((ROOT / "migrations").glob("*.sql"))[-1].stem
+HEAD = f"-- depends: {LAST}\n"
+NEXT = f"{int(LAST[:4]) + 1:04d}"  # a scratch migration's number, after the last real one
 # The README's recipe: a failed concurrent build leaves an INVALID index behind, dropped on retry.
 CONCURRENT = (
     "SET lock_timeout = '5s';\n"
@@ -102,20 +104,24 @@ def test_the_migrations_pass_squawk() -> None:
     ],
 )
 def test_a_new_migration_that_locks_a_table_fails(tmp_path: Path, sql: str, rule: str) -> None:
-    bad = scratch(tmp_path, "0019_scratch.sql", f"{HEAD}SET lock_timeout = '5s';\n{sql}\n")
+    bad = scratch(tmp_path, f"{NEXT}_scratch.sql", f"{HEAD}SET lock_timeout = '5s';\n{sql}\n")
     assert rule in {r for _, r in lint([bad])}
 
 
 def test_a_new_migration_without_lock_timeout_fails(tmp_path: Path) -> None:
-    bad = scratch(tmp_path, "0019_scratch.sql", f"{HEAD}ALTER TABLE talents ADD COLUMN x text;\n")
-    assert lint([bad]) == [("0019_scratch.sql", "require-lock-timeout")]
+    bad = scratch(
+        tmp_path, f"{NEXT}_scratch.sql", f"{HEAD}ALTER TABLE talents ADD COLUMN x text;\n"
+    )
+    assert lint([bad]) == [(f"{NEXT}_scratch.sql", "require-lock-timeout")]
 
 
 def test_a_concurrent_index_goes_in_a_non_transactional_file(tmp_path: Path) -> None:
-    good = scratch(tmp_path, "0019_good.sql", f"{HEAD}-- transactional: false\n{CONCURRENT}")
+    good = scratch(tmp_path, f"{NEXT}_good.sql", f"{HEAD}-- transactional: false\n{CONCURRENT}")
     assert not transactional(good) and lint([good]) == []
-    inside = scratch(tmp_path, "0019_inside.sql", f"{HEAD}{CONCURRENT}")  # yoyo's default
-    assert lint([inside]) == [("0019_inside.sql", "ban-concurrent-index-creation-in-transaction")]
+    inside = scratch(tmp_path, f"{NEXT}_inside.sql", f"{HEAD}{CONCURRENT}")  # yoyo's default
+    assert lint([inside]) == [
+        (f"{NEXT}_inside.sql", "ban-concurrent-index-creation-in-transaction")
+    ]
 
 
 def test_yoyo_builds_a_concurrent_index_outside_a_transaction(
@@ -127,10 +133,10 @@ def test_yoyo_builds_a_concurrent_index_outside_a_transaction(
 
     directory = tmp_path / "migrations"
     shutil.copytree(ROOT / "migrations", directory, ignore=shutil.ignore_patterns("__*"))
-    scratch(directory, "0019_concurrent.sql", f"{HEAD}-- transactional: false\n{CONCURRENT}")
+    scratch(directory, f"{NEXT}_concurrent.sql", f"{HEAD}-- transactional: false\n{CONCURRENT}")
     monkeypatch.setattr(migrations, "migrations_directory", lambda: str(directory))
     applied = migrations.apply_migrations(fresh_database)
-    assert applied[-1] == "0019_concurrent"
+    assert applied[-1] == f"{NEXT}_concurrent"
     with psycopg.connect(fresh_database) as conn:
         row = conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'facts_subject_scratch'::regclass"

@@ -342,8 +342,9 @@ def test_the_index_holds_at_most_its_budget_dropping_the_least_recently_read() -
     assert index.events("p", "a", 1) is not None and index.events("p", "c", 1) is not None
     assert index.bytes <= index.max_bytes and index.stats[EVENTS].evictions == 1
     assert index.events("p", "a", 2) is None, "another version is not served"
+    assert index.held("p", "a") == [] and index.bytes == sizes, "and its copy is dropped"
     index.put((EVENTS, "p", "huge"), fake_events(1, 40))  # more than the whole budget: not held
-    assert index.events("p", "huge", 1) is None and len(index) == 2
+    assert index.events("p", "huge", 1) is None and len(index) == 1
 
 
 async def test_a_scope_beyond_the_event_limit_is_not_held(
@@ -541,8 +542,18 @@ async def test_a_write_of_facts_or_conflicts_moves_the_facts_version(
         memory_pb2.RetireFactRequest(project_id=project_id, fact_id=first.fact.id, reason="x")
     )
     seen.append(await facts_version())
-    await memory.RecordEvent(event_request(project_id))
+    told = await memory.RecordEvent(event_request(project_id))
     assert await facts_version() == seen[-1], "events do not move it"
+    await memory.AssertFact(
+        fact_request(project_id, predicate="c", value="3", source_event_ids=[told.event.id])
+    )
+    seen.append(await facts_version())
+    # One transaction deletes the event (moving the events version) and the fact drawn from
+    # it alone: the facts version moves too (migration 0019; 0018 moved one kind only).
+    await memory.DeleteEvent(
+        memory_pb2.DeleteEventRequest(project_id=project_id, event_id=told.event.id)
+    )
+    seen.append(await facts_version())
     assert seen[0] == 0 and len(set(seen)) == len(seen)
     # Written by hand, a fact moved to another subject moves both scopes' versions.
     async with runtime.pool.connection() as conn:

@@ -174,6 +174,35 @@ async def test_a_slow_watcher_never_slows_calls_and_misses_only_whole_calls(
         hub.queue_size = queue_size
 
 
+async def test_watchers_take_turns_and_one_that_never_reads_gives_its_turn_away(
+    server, address: str, channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """Many watchers of a busy project: at most one watcher message is being written at a
+    time (the others wait for their turn, so the fan-out never crowds other calls out of the
+    event loop), and a watcher that never reads holds no turn: the readers get every call."""
+    await assert_facts(channel, project_id, CAROLINE)
+    turns = server.runtime.value.traces.turns
+    turns.most_held, given_away = 0, turns.given_away
+    calls = 12
+    async with grpc.aio.insecure_channel(address, options=STALLED_OPTIONS) as stalled:
+        never_read = [watch(stalled, project_id) for _ in range(4)]
+        readers = [watch(channel, project_id) for _ in range(10)]  # 14: under the 16 a client
+        await asyncio.gather(*(w.initial_metadata() for w in never_read + readers))
+        for i in range(calls):
+            await context_stub(channel).AssembleContext(
+                pb.AssembleContextRequest(
+                    project_id=project_id, subject_id="user-1", query=f"Caroline's job {i}"
+                ),
+                timeout=20,
+            )
+        received = await asyncio.gather(*(receive(r, calls, timeout=60) for r in readers))
+        assert all(len(seen) == calls and seen[-1].dropped == 0 for seen in received)
+        assert turns.most_held == 1
+        assert turns.given_away > given_away, "the stalled watchers' writes gave turns away"
+        for w in never_read + readers:
+            w.cancel()
+
+
 def _terminate(dsn: str, pid: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(%s)", (pid,))

