@@ -647,6 +647,25 @@ class AsyncSatchelClient:
             self._talents.ResolveTalents, request, timeout, talent_pb2.ResolveTalentsResponse
         )
 
+    async def search_tools(
+        self,
+        project_id: str,
+        task: str,
+        *,
+        role: str = "",
+        budget_tokens: int | None = None,
+        max_served: int | None = None,
+        timeout: float | None = None,
+    ) -> talent_pb2.SearchToolsResponse:
+        """The tools an agent of `role` should load for `task` (name, description, input
+        schema), or `none_fits`."""
+        request = rq.search_tools(
+            project_id, task, role=role, budget_tokens=budget_tokens, max_served=max_served
+        )
+        return await self._unary(
+            self._talents.SearchTools, request, timeout, talent_pb2.SearchToolsResponse
+        )
+
     async def diagnose_project(
         self, project_id: str, roles: Iterable[str] = (), *, timeout: float | None = None
     ) -> talent_pb2.DiagnoseProjectResponse:

@@ -29,6 +29,7 @@ IDEMPOTENT_READS: frozenset[str] = frozenset(
         f"/{TALENTS}/ListTalents",
         f"/{TALENTS}/DiagnoseProject",
         f"/{TALENTS}/ResolveTalents",
+        f"/{TALENTS}/SearchTools",
     }
 )
 """The only methods the clients retry (on UNAVAILABLE): reads that are safe to repeat.

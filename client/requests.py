@@ -266,6 +266,24 @@ def resolve_talents(
     )
 
 
+def search_tools(
+    project_id: str,
+    task: str,
+    *,
+    role: str = "",
+    budget_tokens: int | None = None,
+    max_served: int | None = None,
+) -> talent_pb2.SearchToolsRequest:
+    """A SearchToolsRequest; unset limits keep the server's."""
+    return talent_pb2.SearchToolsRequest(
+        project_id=project_id,
+        role=role,
+        task=task,
+        budget_tokens=budget_tokens,
+        max_served=max_served,
+    )
+
+
 def list_talents(
     project_id: str = "", *, active_only: bool = False, page_size: int = 0, page_token: str = ""
 ) -> talent_pb2.ListTalentsRequest:

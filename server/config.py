@@ -139,18 +139,24 @@ RANKING_WEIGHTS: dict[str, tuple[float, float, float]] = {
 
 @dataclass(frozen=True)
 class TalentSettings:
-    """Defaults of talent selection; requests may override floor, beta, margin and budget.
+    """Defaults of talent selection; requests may override floor, beta, margin, budget and
+    max_served.
 
-    Unset floor/beta/margin take the calibrated defaults of the embedding model
-    (`satchel.server.talents.MODEL_DEFAULTS`, see benchmarks/talents.md). `roles` is a comma
-    separated list of roles the doctor always knows. `scoring`: `hybrid` (cosine, stems and
-    BM25 over the talents' texts, weighted `text_weight`), `seed` (the spec's centred
-    similarity and stems), or empty: hybrid for a model calibrated for it (MiniLM, mpnet),
-    else seed. `max_served`: at most this many talents kept by relevance (0: no cap). The
-    seed's exact behaviour: scoring=seed, max_served=0.
+    `relevance`: `embeddings` (select by relevance, the default) or `off` (every active talent
+    of the role, the seed's "compile"). `scoring`: `fused` or empty (the default: two cosines
+    and BM25F on one scale, an out-of-domain gate calibrated per catalogue, see
+    `satchel.server.domain.talent_fusion`), `hybrid` (cosine, stems and BM25, weighted
+    `text_weight`), or `seed` (the spec's centred similarity and stems). Unset floor/beta/margin
+    take the scoring's defaults (fused: the calibrated gate; the others: the embedding model's,
+    `satchel.server.talents.MODEL_DEFAULTS`). `max_served`: at most this many talents kept by
+    relevance (0: no cap; unset: 8). `gate_quantile`: where fused scoring's out-of-domain gate
+    sits among the best similarities of the shipped unrelated tasks on the catalogue (higher:
+    fewer unrelated tasks served, more real ones gated). `roles` is a comma separated list of
+    roles the doctor always knows. The seed's exact behaviour: relevance=off, or scoring=seed
+    with max_served=0.
     """
 
-    relevance: str = "off"
+    relevance: str = "embeddings"
     floor: float | None = None
     beta: float | None = None
     margin: float | None = None
@@ -158,7 +164,8 @@ class TalentSettings:
     roles: str = ""
     scoring: str = ""
     text_weight: float = 0.3
-    max_served: int = 5
+    max_served: int | None = None
+    gate_quantile: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -307,9 +314,19 @@ class Settings:
             (t.beta is None or t.beta >= 0, "SATCHEL_TALENT_BETA must not be negative"),
             (t.margin is None or t.margin >= 0, "SATCHEL_TALENT_MARGIN must not be negative"),
             (t.floor is None or -1 <= t.floor <= 1, "SATCHEL_TALENT_FLOOR must be in [-1, 1]"),
-            (t.scoring in ("", "hybrid", "seed"), "SATCHEL_TALENT_SCORING is hybrid|seed"),
+            (
+                t.scoring in ("", "fused", "hybrid", "seed"),
+                "SATCHEL_TALENT_SCORING is fused|hybrid|seed",
+            ),
             (0 <= t.text_weight <= 10, "SATCHEL_TALENT_TEXT_WEIGHT must be in [0, 10]"),
-            (t.max_served >= 0, "SATCHEL_TALENT_MAX_SERVED must not be negative"),
+            (
+                0 <= t.gate_quantile <= 1,
+                "SATCHEL_TALENT_GATE_QUANTILE must be in [0, 1]",
+            ),
+            (
+                t.max_served is None or t.max_served >= 0,
+                "SATCHEL_TALENT_MAX_SERVED must not be negative",
+            ),
             (self.log_format in ("json", "console"), "SATCHEL_LOG_FORMAT is json|console"),
             (
                 self.log_level.lower() in LOG_LEVELS,

@@ -24,24 +24,33 @@ Decisions the spec leaves open:
   of what is served.
 - With relevance off the model is not used (as in the seed, where the flag alone loads it):
   the task orders the talents by BETA x shared stems, then by id.
+- Fused scoring (the default) embeds two texts per talent (`ScorableTalent.text`, `full_text`)
+  at upsert, and the shipped unrelated tasks once per process (kept in `talent_embeddings`
+  like the talents' vectors); a candidate set's `FusedSpace`, gate calibrated, is built on its
+  first call and kept by the set of contents.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from psycopg import AsyncConnection
 
 from satchel.server.config import TalentSettings
+from satchel.server.domain.talent_fusion import FusedSpace, GateReport
 from satchel.server.domain.talent_graph import Finding, FindingCode, TalentNode, diagnose
 from satchel.server.domain.talent_graph import requires_closure as close_over_requires
-from satchel.server.domain.talent_lexical import LexicalIndex
+from satchel.server.domain.talent_lexical import FieldIndex, LexicalIndex
 from satchel.server.domain.talent_selection import (
+    LISTED_EXCLUSIONS,
     CentredSpace,
     Reason,
     ScorableTalent,
@@ -51,6 +60,7 @@ from satchel.server.domain.talent_selection import (
     order_without_relevance,
     select,
     stems,
+    talent_fields,
 )
 from satchel.server.runtime import Runtime
 from satchel.server.storage import talents as storage
@@ -65,13 +75,16 @@ MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "all-minilm-l6-v2": (0.18, 0.12, 0.30),
     "all-mpnet-base-v2": (0.16, 0.12, 0.30),
 }
-# The same for hybrid scoring (the floor bounds the plain cosine): a model listed here is
-# served with hybrid scoring by default, the others with the seed's.
+# The same for hybrid scoring (the floor bounds the plain cosine); other models get the seed's.
 HYBRID_MODEL_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "all-minilm-l6-v2": (0.22, 0.12, 0.30),
     "all-mpnet-base-v2": (0.22, 0.12, 0.30),
 }
 SEED_DEFAULTS: tuple[float, float, float] = (0.18, 0.12, 0.15)
+# Fused scoring (the default): talents within this much of the best score are served
+# (`talent_fusion`), at most this many; the gate is calibrated, not configured.
+FUSED_MARGIN = 4.0
+FUSED_MAX_SERVED = 8
 
 COMPILED_OPEN = "<satchel_talents>"
 COMPILED_CLOSE = "</satchel_talents>"
@@ -95,16 +108,14 @@ def model_defaults(model_id: str, scoring: Scoring = Scoring.SEED) -> tuple[floa
     return _calibrated(table, model_id) or SEED_DEFAULTS
 
 
-def default_scoring(model_id: str) -> Scoring:
-    """Hybrid for a model calibrated for it, else the seed's scoring."""
-    hybrid = _calibrated(HYBRID_MODEL_DEFAULTS, model_id) is not None
-    return Scoring.HYBRID if hybrid else Scoring.SEED
-
-
 def default_params(settings: TalentSettings, model_id: str) -> SelectionParams:
-    """The server's selection parameters: SATCHEL_TALENT_* when set, else the model's."""
-    scoring = Scoring(settings.scoring) if settings.scoring else default_scoring(model_id)
-    floor, beta, margin = model_defaults(model_id, scoring)
+    """The server's selection parameters: SATCHEL_TALENT_* when set, else fused scoring with
+    its gate calibrated per candidate set, or the model's values for the other scorings."""
+    scoring = Scoring(settings.scoring or Scoring.FUSED)
+    if scoring == Scoring.FUSED:
+        floor, beta, margin = None, SEED_DEFAULTS[1], FUSED_MARGIN
+    else:
+        floor, beta, margin = model_defaults(model_id, scoring)
     return SelectionParams(
         floor=floor if settings.floor is None else settings.floor,
         beta=beta if settings.beta is None else settings.beta,
@@ -112,21 +123,35 @@ def default_params(settings: TalentSettings, model_id: str) -> SelectionParams:
         budget_tokens=settings.budget_tokens,
         scoring=scoring,
         text_weight=settings.text_weight,
-        max_served=settings.max_served,
+        max_served=FUSED_MAX_SERVED if settings.max_served is None else settings.max_served,
     )
 
 
+UNRELATED_TASKS = Path(__file__).with_name("unrelated_tasks.json")
+"""Requests that need no talent, in six languages, shipped to calibrate the out-of-domain gate
+of each candidate set (`talent_fusion`)."""
+
+
+@functools.cache
+def unrelated_tasks() -> tuple[str, ...]:
+    """The texts of the shipped unrelated tasks."""
+    document = json.loads(UNRELATED_TASKS.read_text(encoding="utf-8"))
+    return tuple(task["text"] for task in document["tasks"])
+
+
 def scorable(record: TalentRecord) -> ScorableTalent:
-    """The talent as selection sees it; what is served is the body, else the summary."""
+    """The talent as selection sees it; what is served is the body, else the summary (and
+    the input schema of a tool)."""
     return ScorableTalent.build(
         id=record.id,
         name=record.name,
         summary=record.summary,
-        body=record.body.strip() or record.summary.strip(),
+        body=record.body,
         tags=record.tags,
         triggers=record.triggers,
         task_types=record.task_types,
         pinned=record.pinned,
+        input_schema=record.input_schema,
     )
 
 
@@ -174,6 +199,9 @@ class Resolution:
     tokens_candidates: int
     relevance: bool
     params: SelectionParams
+    gate: GateReport | None = None
+    served: tuple[ScorableTalent, ...] = ()  # the selected talents themselves, in order
+    excluded_unlisted: int = 0
 
     @property
     def selected_ids(self) -> list[str]:
@@ -232,7 +260,7 @@ def _discoverers(order: Iterable[str], graph: Mapping[str, TalentNode]) -> dict[
 
 def resolve_selection(
     candidates: Sequence[ScorableTalent],
-    talent_vectors: np.ndarray | CentredSpace | None,
+    talent_vectors: np.ndarray | CentredSpace | FusedSpace | None,
     task_vector: np.ndarray | None,
     task: str,
     *,
@@ -242,19 +270,23 @@ def resolve_selection(
     servable: Mapping[str, ScorableTalent] | None = None,
     pinned: Sequence[ScorableTalent] = (),
     lexical: LexicalIndex | None = None,
+    tokens_candidates: int | None = None,
 ) -> Resolution:
     """Serve the pinned talents, select among candidates, close over hard edges, render. Pure.
 
-    `talent_vectors` row i belongs to `candidates[i]` (or their precomputed `CentredSpace`);
-    vectors may be None with relevance off (order by stem hits only). `pinned` talents (none of
+    `talent_vectors` row i belongs to `candidates[i]` (or their precomputed `CentredSpace`, or
+    their `FusedSpace` in fused scoring); vectors may be None with relevance off (order by stem
+    hits only). `pinned` talents (none of
     them among `candidates`) come first, whatever the task, and their tokens are taken from the
     budget first. `graph` holds the edges of the project's active talents and `servable` every
-    active talent (candidates are always servable); the closure adds only servable talents.
+    active talent, pinned ones and candidates included (None: those alone); the closure adds
+    only servable talents.
     `lexical`: the candidates' BM25 index for hybrid scoring (built when None).
+    `tokens_candidates`: the tokens of pinned talents and candidates, when already counted.
     """
     graph = graph or {}
-    by_id = {talent.id: talent for talent in [*pinned, *candidates]}
-    servable = {**(servable or {}), **by_id}
+    if servable is None:
+        servable = {talent.id: talent for talent in [*pinned, *candidates]}
     task_stems = stems(task)
     pinned_tokens = sum(talent.tokens for talent in pinned)
     left = replace(params, budget_tokens=max(1, params.budget_tokens - pinned_tokens))
@@ -262,11 +294,22 @@ def resolve_selection(
         if talent_vectors is None or task_vector is None:
             raise ValueError("relevance needs the talent and task vectors")
         result = select(
-            candidates, talent_vectors, task_vector, task_stems, left, task=task, lexical=lexical
+            candidates,
+            talent_vectors,
+            task_vector,
+            task_stems,
+            left,
+            task=task,
+            lexical=lexical,
         )
     else:
+        vectors = None if isinstance(talent_vectors, FusedSpace) else talent_vectors
         result = order_without_relevance(
-            candidates, task_stems, talent_vectors, task_vector, beta=params.beta
+            candidates,
+            task_stems,
+            vectors,
+            task_vector if vectors is not None else None,
+            beta=params.beta,
         )
 
     kept_ids = [*(talent.id for talent in pinned), *result.kept_ids]
@@ -288,7 +331,8 @@ def resolve_selection(
             else ResolvedTalent(talent_id, talent.name, str(Reason.REQUIRES_CLOSURE))
         )
         selected.append(replace(base, tokens=talent.tokens, required_by=parents[talent_id]))
-    excluded = [_resolved(d, servable[d.id].name) for d in result.excluded if d.id in scored]
+    ranked_out = [d for d in result.excluded if d.id in scored]
+    excluded = [_resolved(d, servable[d.id].name) for d in ranked_out[:LISTED_EXCLUSIONS]]
     excluded += [
         ResolvedTalent(talent_id, talent_id, str(Reason.NOT_ACTIVE), required_by=parents[talent_id])
         for talent_id in closure.missing
@@ -298,13 +342,20 @@ def resolve_selection(
     return Resolution(
         selected=tuple(selected),
         excluded=tuple(excluded),
+        excluded_unlisted=result.unlisted + max(0, len(ranked_out) - LISTED_EXCLUSIONS),
         out_of_domain=result.out_of_domain,
         note=result.note,
         compiled=render_compiled(served, result.out_of_domain),
         tokens_selected=sum(talent.tokens for talent in served),
-        tokens_candidates=sum(talent.tokens for talent in [*pinned, *candidates]),
+        tokens_candidates=(
+            sum(talent.tokens for talent in [*pinned, *candidates])
+            if tokens_candidates is None
+            else tokens_candidates
+        ),
         relevance=relevance,
         params=params,
+        gate=result.gate,
+        served=tuple(served),
     )
 
 
@@ -335,10 +386,12 @@ class _Lru(OrderedDict):
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A talent version ready for selection: its ScorableTalent and vector cache key."""
+    """A talent version ready for selection: its ScorableTalent and the vector cache keys of
+    its text and full text."""
 
     talent: ScorableTalent
     digest: str
+    full_digest: str
 
 
 @dataclass
@@ -350,13 +403,14 @@ class _Snapshot:
     prepared: dict[str, _Prepared]
     graph: dict[str, TalentNode]
     servable: dict[str, ScorableTalent]
-    by_role: dict[str, list[_Prepared]]
+    by_role: dict[str, _Offer]
 
-    def candidates(self, role: str) -> list[_Prepared]:
-        """Active talents whose roles are empty or contain `role`, by id."""
+    def offer(self, role: str) -> _Offer:
+        """What an agent of `role` may receive: active talents whose roles are empty or contain
+        `role`, by id, computed once per role and version."""
         found = self.by_role.get(role)
         if found is None:
-            found = sorted(
+            offered = sorted(
                 (
                     self.prepared[ref.id]
                     for ref in self.refs
@@ -364,8 +418,27 @@ class _Snapshot:
                 ),
                 key=lambda p: p.talent.id,
             )
+            found = _Offer(
+                pinned=[p.talent for p in offered if p.talent.pinned],
+                candidates=[p for p in offered if not p.talent.pinned],
+            )
             self.by_role[role] = found
         return found
+
+
+@dataclass
+class _Offer:
+    """A role's pinned talents and candidates at one version; `key` names the candidates'
+    contents (their cached space's key), `talents` their ScorableTalents, `tokens` the tokens of
+    all of them."""
+
+    pinned: list[ScorableTalent]
+    candidates: list[_Prepared]
+
+    def __post_init__(self) -> None:
+        self.talents = [p.talent for p in self.candidates]
+        self.key = tuple(p.digest for p in self.candidates)
+        self.tokens = sum(talent.tokens for talent in [*self.pinned, *self.talents])
 
 
 class TalentService:
@@ -390,6 +463,7 @@ class TalentService:
         self._tasks: _Lru = _Lru(TASK_ENTRIES)
         self._snapshots: _Lru = _Lru(SNAPSHOT_ENTRIES)
         self._roles_seen: set[tuple[str, str]] = set()
+        self._unrelated: np.ndarray | None = None
 
     # --- catalogue ------------------------------------------------------------------------
 
@@ -397,7 +471,7 @@ class TalentService:
         """Create or replace a talent; its vector is computed now (once per content)."""
         prepared = self._prepare(record)
         async with self.runtime.pool.connection() as conn:
-            await self._vectors_for(conn, [prepared])
+            await self._vectors_for(conn, self._texts([prepared]))
             return await storage.upsert_talent(conn, record)
 
     async def list_talents(
@@ -465,12 +539,12 @@ class TalentService:
         try:
             async with autocommit(self.runtime.pool) as conn:
                 snapshot = await self._snapshot(conn, project_id)
-                offered = snapshot.candidates(role)
-                pinned = [p for p in offered if p.talent.pinned]
-                candidates = [p for p in offered if not p.talent.pinned]
+                offer = snapshot.offer(role)
                 wants_vectors = task_embedding is not None or cached_task is not None
                 space, lexical = (
-                    await self._space_for(conn, candidates) if wants_vectors else (None, None)
+                    await self._space_for(conn, offer.candidates, offer.key)
+                    if wants_vectors
+                    else (None, None)
                 )
                 if role and (project_id, role) not in self._roles_seen:
                     await storage.record_role(conn, project_id, role)
@@ -483,16 +557,17 @@ class TalentService:
             if task_embedding is not None and not task_embedding.done():
                 task_embedding.cancel()
         return resolve_selection(
-            [p.talent for p in candidates],
+            offer.talents,
             space,
-            task_vector,  # type: ignore[arg-type]
+            task_vector,
             task,
             relevance=relevance,
             params=params,
             graph=snapshot.graph,
             servable=snapshot.servable,
-            pinned=[p.talent for p in pinned],
+            pinned=offer.pinned,
             lexical=lexical,
+            tokens_candidates=offer.tokens,
         )
 
     async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:
@@ -517,7 +592,17 @@ class TalentService:
 
     def _prepare(self, record: TalentRecord) -> _Prepared:
         talent = scorable(record)
-        return _Prepared(talent, text_digest(self.runtime.embedder.passage_prefix, talent.text))
+        prefix = self.runtime.embedder.passage_prefix
+        return _Prepared(
+            talent, text_digest(prefix, talent.text), text_digest(prefix, talent.full_text)
+        )
+
+    def _texts(self, talents: Sequence[_Prepared]) -> dict[str, str]:
+        """The passages the server's scoring embeds for these talents, by digest."""
+        texts = {p.digest: p.talent.text for p in talents}
+        if self.defaults.scoring == Scoring.FUSED:
+            texts.update((p.full_digest, p.talent.full_text) for p in talents)
+        return texts
 
     async def _prepared_talents(
         self, conn: AsyncConnection, refs: Sequence[TalentRef]
@@ -540,45 +625,73 @@ class TalentService:
         return found
 
     async def _space_for(
-        self, conn: AsyncConnection, talents: Sequence[_Prepared]
-    ) -> tuple[CentredSpace, LexicalIndex]:
-        """The centred space and the BM25 index of a candidate set, computed once per set of
-        contents."""
-        key = tuple(p.digest for p in talents)
+        self, conn: AsyncConnection, talents: Sequence[_Prepared], key: tuple[str, ...]
+    ) -> tuple[CentredSpace | FusedSpace, LexicalIndex | None]:
+        """What the server's scoring needs of a candidate set, computed once per set of
+        contents (`key`): its FusedSpace (gate calibrated), else its CentredSpace and BM25
+        index."""
         found = self._spaces.lookup(key)
-        if found is None:
-            space = CentredSpace.of(await self._vectors_for(conn, talents))
-            found = (space, LexicalIndex.of([p.talent.text for p in talents]))
-            self._spaces.put(key, found)
-        return found  # type: ignore[return-value]
+        if found is not None:
+            return found  # type: ignore[return-value]
+        vectors = await self._vectors_for(conn, self._texts(talents))
+        dimension = self.runtime.embedder.dimension
 
-    async def _vectors_for(self, conn: AsyncConnection, talents: Sequence[_Prepared]) -> np.ndarray:
-        """Vectors of these talents (row i = talents[i]): memory, then database, then model."""
-        digests = [p.digest for p in talents]
+        def stacked(digests: list[str]) -> np.ndarray:
+            rows = [vectors[d] for d in digests]
+            return np.stack(rows) if rows else np.zeros((0, dimension), dtype=np.float32)
+
+        space: tuple[CentredSpace | FusedSpace, LexicalIndex | None]
+        if self.defaults.scoring == Scoring.FUSED:
+            fields = [p.talent.fields or talent_fields(p.talent.name) for p in talents]
+            fused = FusedSpace.of(
+                stacked([p.digest for p in talents]),
+                stacked([p.full_digest for p in talents]),
+                FieldIndex.of(fields),
+                await self._unrelated_tasks(conn),
+                self.runtime.settings.talents.gate_quantile,
+            )
+            space = (fused, None)
+        else:
+            centred = CentredSpace.of(stacked([p.digest for p in talents]))
+            space = (centred, LexicalIndex.of([p.talent.text for p in talents]))
+        self._spaces.put(key, space)
+        return space
+
+    async def _unrelated_tasks(self, conn: AsyncConnection) -> np.ndarray:
+        """The vectors of the shipped unrelated tasks, embedded once per model (kept with the
+        talent vectors): what calibrates the out-of-domain gate."""
+        if self._unrelated is None:
+            prefix = self.runtime.embedder.query_prefix
+            texts = {text_digest(prefix, text): text for text in unrelated_tasks()}
+            vectors = await self._vectors_for(conn, texts, query=True)
+            self._unrelated = np.stack([vectors[digest] for digest in texts])
+        return self._unrelated
+
+    async def _vectors_for(
+        self, conn: AsyncConnection, texts: Mapping[str, str], *, query: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Vectors of these texts by digest: memory, then database, then model (passages, or
+        queries with `query`)."""
         known: dict[str, np.ndarray] = {}
-        for digest in digests:
+        for digest in texts:
             vector = self._vectors.lookup(digest)
             if vector is not None:
                 known[digest] = vector  # type: ignore[assignment]
-        wanted = set(digests) - known.keys()
+        wanted = [digest for digest in texts if digest not in known]
         if wanted:
-            stored = await storage.cached_vectors(conn, sorted(wanted), self.model_id)
-            texts = {
-                p.digest: p.talent.text
-                for p in talents
-                if p.digest in wanted and p.digest not in stored
-            }
-            if texts:
-                fresh = await self.runtime.embed_passages(list(texts.values()))
-                computed = dict(zip(texts, fresh, strict=True))
+            stored = await storage.cached_vectors(conn, wanted, self.model_id)
+            missing = {digest: texts[digest] for digest in wanted if digest not in stored}
+            if missing:
+                embedder = self.runtime.embedder
+                prefix = embedder.query_prefix if query else embedder.passage_prefix
+                fresh = await self.runtime.embed([prefix + text for text in missing.values()])
+                computed = dict(zip(missing, fresh, strict=True))
                 await storage.store_vectors(conn, computed, self.model_id)
                 stored.update(computed)
             for digest, vector in stored.items():
                 self._vectors.put(digest, vector)
             known.update(stored)
-        if not digests:
-            return np.zeros((0, self.runtime.embedder.dimension), dtype=np.float32)
-        return np.stack([known[digest] for digest in digests])
+        return known
 
     # --- the doctor -----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ project id.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import grpc
@@ -24,11 +25,28 @@ from talent_helpers import (
 
 from satchel.server.config import Settings
 from satchel.server.domain.talent_selection import Scoring
-from satchel.server.talents import model_defaults
+from satchel.server.talents import model_defaults, unrelated_tasks
 from satchel.v1 import talent_pb2, talent_pb2_grpc
 
 OFF = talent_pb2.RELEVANCE_MODE_OFF
 EMBEDDINGS = talent_pb2.RELEVANCE_MODE_EMBEDDINGS
+
+
+@pytest.fixture(scope="module")
+async def hybrid_channel(settings: Settings) -> AsyncIterator[grpc.aio.Channel]:
+    """A server on the same database configured with the previous default: hybrid scoring, at
+    most 5 talents (SATCHEL_TALENT_SCORING=hybrid, SATCHEL_TALENT_MAX_SERVED=5)."""
+    from satchel.server.app import SatchelServer
+
+    srv = SatchelServer(
+        replace(settings, talents=replace(settings.talents, scoring="hybrid", max_served=5))
+    )
+    await srv.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as chan:
+            yield chan
+    finally:
+        await srv.stop()
 
 
 async def seed_catalogue(channel: grpc.aio.Channel, project_id: str) -> dict[str, str]:
@@ -361,18 +379,27 @@ async def test_relevance_off_serves_every_active_talent_of_the_role_ordered_by_t
     assert selection.tokens_selected == selection.tokens_candidates
     assert selection.tokens_selected == sum(t.tokens for t in selection.selected)
 
-    # The server default (SATCHEL_TALENT_RELEVANCE unset) is off.
+    # The server default (SATCHEL_TALENT_RELEVANCE unset) is relevance: a task is required.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await resolve(
+            talents,
+            project_id,
+            "",
+            role="frontend",
+            relevance=talent_pb2.RELEVANCE_MODE_UNSPECIFIED,
+        )
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     default = await resolve(
         talents,
         project_id,
-        "",
-        role="frontend",
+        "Write a safe PostgreSQL migration",
+        role="backend",
         relevance=talent_pb2.RELEVANCE_MODE_UNSPECIFIED,
     )
-    assert default.relevance == OFF
-    assert {t.talent_id for t in default.selected} == {*ids.values(), frontend_only}
-    by_id = [t.talent_id for t in default.selected]
-    assert by_id == sorted(by_id)  # no task: ordered by id
+    assert default.relevance == talent_pb2.RELEVANCE_MODE_EMBEDDINGS
+    assert default.params.scoring == "fused"
+    assert ids["sql"] in [t.talent_id for t in default.selected]
+    assert len(default.selected) < len(selection.selected)
 
 
 # --- relevance on -----------------------------------------------------------------------------
@@ -480,6 +507,8 @@ async def test_closure_follows_includes_transitively_across_roles(
 
 
 async def test_off_domain_task_is_gated(channel: grpc.aio.Channel, project_id: str) -> None:
+    """Fused scoring's gate is calibrated on the candidates with the shipped unrelated tasks:
+    a recipe gets no talent of a software catalogue, and the selection says why."""
     talents = stub(channel)
     ids = await seed_catalogue(channel, project_id)
     selection = await resolve(talents, project_id, "What is a good recipe for banana bread?")
@@ -487,12 +516,36 @@ async def test_off_domain_task_is_gated(channel: grpc.aio.Channel, project_id: s
     assert not selection.selected
     assert {t.reason for t in selection.excluded} == {"out_of_domain"}
     assert {t.talent_id for t in selection.excluded} == set(ids.values())
-    assert max(t.similarity for t in selection.excluded) < selection.params.floor
-    assert all(t.stem_hits == 0 for t in selection.excluded)
-    assert selection.note == "no specific talent for this task"
+    gate = selection.gate
+    assert gate.calibration_tasks == len(unrelated_tasks()) >= 100
+    assert max(t.similarity for t in selection.excluded) == pytest.approx(gate.best_similarity)
+    assert gate.best_similarity < gate.similarity_threshold
+    assert selection.params.floor == 0.0  # calibrated, not configured
+    assert selection.note.startswith("no specific talent for this task (best similarity")
+    assert f"{gate.similarity_threshold:.2f}" in selection.note
     assert "No specific talent for this task." in selection.compiled
     assert selection.tokens_selected == 0 and selection.tokens_candidates > 0
 
+    served = await resolve(talents, project_id, "Add a CSS animation to the login button")
+    assert not served.out_of_domain and served.selected[0].talent_id == ids["css"]
+    assert served.gate.similarity_threshold == gate.similarity_threshold  # one per catalogue
+    assert served.gate.best_similarity >= served.gate.similarity_threshold
+
+    # The request's floor replaces the calibrated threshold.
+    forced = await resolve(talents, project_id, "What is a good recipe for banana bread?", floor=-1)
+    assert not forced.out_of_domain and forced.gate.similarity_threshold == -1.0
+
+
+async def test_a_shared_stem_opens_the_hybrid_gate(
+    hybrid_channel: grpc.aio.Channel, project_id: str
+) -> None:
+    talents = stub(hybrid_channel)
+    ids = await seed_catalogue(hybrid_channel, project_id)
+    selection = await resolve(talents, project_id, "What is a good recipe for banana bread?")
+    assert selection.out_of_domain and selection.note == "no specific talent for this task"
+    assert max(t.similarity for t in selection.excluded) < selection.params.floor
+    assert all(t.stem_hits == 0 for t in selection.excluded)
+    assert not selection.HasField("gate")
     # One shared stem opens the gate (sum(hits) > 0), whatever the similarity.
     opened = await resolve(talents, project_id, "A banana bread recipe, then css animations?")
     assert not opened.out_of_domain
@@ -548,11 +601,11 @@ async def test_budget_packs_greedily_in_score_order(
     assert selection.params.budget_tokens == 200
 
 
-async def test_per_request_overrides_and_the_score_formula(
-    channel: grpc.aio.Channel, project_id: str
+async def test_per_request_overrides_and_the_hybrid_score_formula(
+    hybrid_channel: grpc.aio.Channel, project_id: str
 ) -> None:
-    talents = stub(channel)
-    await seed_catalogue(channel, project_id)
+    talents = stub(hybrid_channel)
+    await seed_catalogue(hybrid_channel, project_id)
     floor, beta, margin = model_defaults("all-MiniLM-L6-v2-onnx-qint8", Scoring.HYBRID)
     default = await resolve(talents, project_id, SEED_TASK)
     assert (default.params.floor, default.params.beta, default.params.margin) == (
@@ -681,9 +734,11 @@ async def test_resolve_embeds_only_the_task(
 ) -> None:
     """Talent vectors are computed at upsert, once per content, and cached in memory and in
     talent_embeddings: a ResolveTalents call embeds its task and nothing else (and a task
-    seen recently not even that)."""
+    seen recently not even that; the gate's unrelated tasks once per process)."""
     talents = stub(channel)
     await seed_catalogue(channel, project_id)
+    # The gate's shipped unrelated tasks are embedded once per process, maybe by this call.
+    await resolve(talents, project_id, f"Warm up for {project_id}")
     runtime = server.runtime.value
     recording = RecordingEmbedder(runtime.embedder)  # on the loop or not
     monkeypatch.setattr(runtime, "embedder", recording)
@@ -702,6 +757,7 @@ async def test_resolve_embeds_only_the_task(
         twin,
         "Dependency rule",
         summary="Source code dependencies point inward, towards the domain.",
+        body="Dependencies point inward.",
         tags=["dependencies", "imports"],
     )
     assert len(embedded) == 2

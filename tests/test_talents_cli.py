@@ -124,8 +124,9 @@ async def test_import_then_list_resolve_and_doctor(
     assert selection["compiled"].startswith("<satchel_talents>\n## Docker rules")
 
     human = await satchel(
-        "talents", "resolve", "--project", project_id, "--task", task, "--address", address
-    )
+        "talents", "resolve", "--project", project_id, "--task", task, "--relevance", "off",
+        "--address", address,
+    )  # fmt: skip
     assert human.returncode == 0
     assert human.stdout.startswith(f"talents for {task!r}")
     rows = {row[0]: (row[1], row[-1]) for row in table_rows(human.stdout)}
@@ -256,3 +257,44 @@ async def test_an_always_applied_rule_is_pinned_and_served_whatever_the_task(
         compiled = selection["compiled"]
         assert compiled.startswith("<satchel_talents>\n## House style\nAnswer in British")
         assert compiled.count("House style") == 1
+
+
+async def test_import_an_mcp_tool_list_then_search_tools(
+    address: str, project_id: str, tmp_path: Path
+) -> None:
+    """A JSON file holding an MCP tools/list result imports one talent per tool, with its input
+    schema; `talents search` answers with the tools to load, or says none fits."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    listing = {
+        "tools": [
+            {
+                "name": "get_forecast",
+                "description": "Weather forecast for a city for the next days.",
+                "inputSchema": schema,
+            },
+            {"name": "send_sms", "description": "Send a text message to a phone number."},
+            {"name": "track_parcel", "description": "Track a parcel by its tracking number."},
+        ]
+    }
+    write(tmp_path, f"{project_id}/weather.json", json.dumps(listing))
+    result = await satchel(
+        "talents", "import", str(tmp_path), "--project", project_id, "--activate",
+        "--address", address,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"created {project_id}.weather.get_forecast (active)" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith("imported 3 talent(s): 3 created")
+
+    found = await satchel(
+        "talents", "search", "--project", project_id, "--task",
+        "Will it rain in Porto tomorrow?", "--json", "--address", address,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    reply = json.loads(found.stdout)
+    assert reply["tools"][0]["name"] == "get_forecast"
+    assert json.loads(reply["tools"][0]["input_schema"]) == schema
+    human = await satchel(
+        "talents", "search", "--project", project_id, "--task", "Tell me about the Baroque era",
+        "--address", address,
+    )  # fmt: skip
+    assert human.returncode == 0 and human.stdout.startswith("no tool fits this task")

@@ -20,7 +20,7 @@ RELEVANCE_MODE_OFF: RelevanceMode
 RELEVANCE_MODE_EMBEDDINGS: RelevanceMode
 
 class Talent(_message.Message):
-    __slots__ = ("id", "name", "summary", "body", "tags", "triggers", "task_types", "roles", "requires", "includes", "recommends", "updated_at", "pinned")
+    __slots__ = ("id", "name", "summary", "body", "tags", "triggers", "task_types", "roles", "requires", "includes", "recommends", "updated_at", "pinned", "input_schema")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class Talent(_message.Message):
     RECOMMENDS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     summary: str
@@ -47,7 +48,8 @@ class Talent(_message.Message):
     recommends: _containers.RepeatedScalarFieldContainer[str]
     updated_at: _timestamp_pb2.Timestamp
     pinned: bool
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pinned: _Optional[bool] = ...) -> None: ...
+    input_schema: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., summary: _Optional[str] = ..., body: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., task_types: _Optional[_Iterable[str]] = ..., roles: _Optional[_Iterable[str]] = ..., requires: _Optional[_Iterable[str]] = ..., includes: _Optional[_Iterable[str]] = ..., recommends: _Optional[_Iterable[str]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pinned: _Optional[bool] = ..., input_schema: _Optional[str] = ...) -> None: ...
 
 class SelectedTalent(_message.Message):
     __slots__ = ("talent_id", "name", "score", "similarity", "stem_hits", "reason", "tokens", "required_by", "text_rank")
@@ -94,7 +96,7 @@ class ExcludedTalent(_message.Message):
     def __init__(self, talent_id: _Optional[str] = ..., reason: _Optional[str] = ..., score: _Optional[float] = ..., name: _Optional[str] = ..., similarity: _Optional[float] = ..., stem_hits: _Optional[int] = ..., tokens: _Optional[int] = ..., required_by: _Optional[str] = ..., text_rank: _Optional[float] = ...) -> None: ...
 
 class TalentSelection(_message.Message):
-    __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance", "params")
+    __slots__ = ("selected", "excluded", "out_of_domain", "note", "compiled", "tokens_selected", "tokens_candidates", "relevance", "params", "gate", "excluded_unlisted")
     SELECTED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     OUT_OF_DOMAIN_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +106,8 @@ class TalentSelection(_message.Message):
     TOKENS_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     RELEVANCE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    GATE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_UNLISTED_FIELD_NUMBER: _ClassVar[int]
     selected: _containers.RepeatedCompositeFieldContainer[SelectedTalent]
     excluded: _containers.RepeatedCompositeFieldContainer[ExcludedTalent]
     out_of_domain: bool
@@ -113,7 +117,19 @@ class TalentSelection(_message.Message):
     tokens_candidates: int
     relevance: RelevanceMode
     params: TalentSelectionParams
-    def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., params: _Optional[_Union[TalentSelectionParams, _Mapping]] = ...) -> None: ...
+    gate: TalentGate
+    excluded_unlisted: int
+    def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., params: _Optional[_Union[TalentSelectionParams, _Mapping]] = ..., gate: _Optional[_Union[TalentGate, _Mapping]] = ..., excluded_unlisted: _Optional[int] = ...) -> None: ...
+
+class TalentGate(_message.Message):
+    __slots__ = ("best_similarity", "similarity_threshold", "calibration_tasks")
+    BEST_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_TASKS_FIELD_NUMBER: _ClassVar[int]
+    best_similarity: float
+    similarity_threshold: float
+    calibration_tasks: int
+    def __init__(self, best_similarity: _Optional[float] = ..., similarity_threshold: _Optional[float] = ..., calibration_tasks: _Optional[int] = ...) -> None: ...
 
 class TalentSelectionParams(_message.Message):
     __slots__ = ("floor", "beta", "margin", "budget_tokens", "scoring", "text_weight", "max_served")
@@ -246,3 +262,49 @@ class DiagnoseProjectResponse(_message.Message):
     findings: _containers.RepeatedCompositeFieldContainer[DiagnosisFinding]
     roles_known: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, findings: _Optional[_Iterable[_Union[DiagnosisFinding, _Mapping]]] = ..., roles_known: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SearchToolsRequest(_message.Message):
+    __slots__ = ("project_id", "role", "task", "budget_tokens", "max_served")
+    PROJECT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SERVED_FIELD_NUMBER: _ClassVar[int]
+    project_id: str
+    role: str
+    task: str
+    budget_tokens: int
+    max_served: int
+    def __init__(self, project_id: _Optional[str] = ..., role: _Optional[str] = ..., task: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., max_served: _Optional[int] = ...) -> None: ...
+
+class ToolMatch(_message.Message):
+    __slots__ = ("talent_id", "name", "description", "input_schema", "reason", "required_by", "score")
+    TALENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_BY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    talent_id: str
+    name: str
+    description: str
+    input_schema: str
+    reason: str
+    required_by: str
+    score: float
+    def __init__(self, talent_id: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema: _Optional[str] = ..., reason: _Optional[str] = ..., required_by: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class SearchToolsResponse(_message.Message):
+    __slots__ = ("tools", "none_fits", "note", "tokens", "selection")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    NONE_FITS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SELECTION_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[ToolMatch]
+    none_fits: bool
+    note: str
+    tokens: int
+    selection: TalentSelection
+    def __init__(self, tools: _Optional[_Iterable[_Union[ToolMatch, _Mapping]]] = ..., none_fits: _Optional[bool] = ..., note: _Optional[str] = ..., tokens: _Optional[int] = ..., selection: _Optional[_Union[TalentSelection, _Mapping]] = ...) -> None: ...

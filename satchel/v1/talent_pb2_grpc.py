@@ -66,6 +66,11 @@ class TalentServiceStub:
                 request_serializer=satchel_dot_v1_dot_talent__pb2.DiagnoseProjectRequest.SerializeToString,
                 response_deserializer=satchel_dot_v1_dot_talent__pb2.DiagnoseProjectResponse.FromString,
                 _registered_method=True)
+        self.SearchTools = channel.unary_unary(
+                '/satchel.v1.TalentService/SearchTools',
+                request_serializer=satchel_dot_v1_dot_talent__pb2.SearchToolsRequest.SerializeToString,
+                response_deserializer=satchel_dot_v1_dot_talent__pb2.SearchToolsResponse.FromString,
+                _registered_method=True)
 
 
 class TalentServiceServicer:
@@ -120,6 +125,17 @@ class TalentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchTools(self, request, context):
+        """SearchTools is ResolveTalents for an agent that loads tools: the selection by relevance,
+        as the tools' names, descriptions and input schemas, with the closure over hard edges and
+        an explicit `none_fits` when no tool fits the task.
+
+        Errors: INVALID_ARGUMENT (field violations) for a missing project or task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TalentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +163,11 @@ def add_TalentServiceServicer_to_server(servicer, server):
                     servicer.DiagnoseProject,
                     request_deserializer=satchel_dot_v1_dot_talent__pb2.DiagnoseProjectRequest.FromString,
                     response_serializer=satchel_dot_v1_dot_talent__pb2.DiagnoseProjectResponse.SerializeToString,
+            ),
+            'SearchTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchTools,
+                    request_deserializer=satchel_dot_v1_dot_talent__pb2.SearchToolsRequest.FromString,
+                    response_serializer=satchel_dot_v1_dot_talent__pb2.SearchToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -291,6 +312,33 @@ class TalentService:
             '/satchel.v1.TalentService/DiagnoseProject',
             satchel_dot_v1_dot_talent__pb2.DiagnoseProjectRequest.SerializeToString,
             satchel_dot_v1_dot_talent__pb2.DiagnoseProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/satchel.v1.TalentService/SearchTools',
+            satchel_dot_v1_dot_talent__pb2.SearchToolsRequest.SerializeToString,
+            satchel_dot_v1_dot_talent__pb2.SearchToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

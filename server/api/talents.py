@@ -6,6 +6,7 @@ Validates requests (every violation at once), maps messages, and calls
 
 from __future__ import annotations
 
+import json
 import math
 
 import grpc
@@ -26,7 +27,9 @@ from satchel.server.api.validation import (
     check_page_size,
     check_text,
 )
+from satchel.server.domain.talent_fusion import GateReport
 from satchel.server.domain.talent_graph import InvalidEdgesError, validate_edges
+from satchel.server.domain.talent_selection import Reason, estimate_tokens
 from satchel.server.errors import NotFound, Violations
 from satchel.server.runtime import RuntimeRef
 from satchel.server.storage.talents import EDGE_KINDS, TalentRecord
@@ -34,6 +37,8 @@ from satchel.server.talents import Resolution, ResolvedTalent, TalentService
 from satchel.v1 import talent_pb2, talent_pb2_grpc
 
 MAX_BODY_CHARS = 200_000
+MAX_SCHEMA_CHARS = 64_000
+EMPTY_SCHEMA = '{"type": "object"}'
 MAX_LIST_ITEMS = 100
 MAX_PARAM = 10.0
 MAX_SERVED = 1000
@@ -63,6 +68,7 @@ def talent_record(request: talent_pb2.UpsertTalentRequest) -> TalentRecord:
     check_text(violations, "talent.name", talent.name, max_chars=MAX_ID_CHARS, required=True)
     check_text(violations, "talent.summary", talent.summary, max_chars=MAX_TEXT_CHARS)
     check_text(violations, "talent.body", talent.body, max_chars=MAX_BODY_CHARS)
+    _check_schema(violations, "talent.input_schema", talent.input_schema)
     for field in ("tags", "triggers", "task_types"):
         _check_list(violations, f"talent.{field}", list(getattr(talent, field)), ids=False)
     for field in ("roles", *EDGE_KINDS):
@@ -86,7 +92,24 @@ def talent_record(request: talent_pb2.UpsertTalentRequest) -> TalentRecord:
         includes=tuple(dict.fromkeys(talent.includes)),
         recommends=tuple(dict.fromkeys(talent.recommends)),
         pinned=talent.pinned,
+        input_schema=talent.input_schema.strip(),
     )
+
+
+def _check_schema(violations: Violations, field: str, text: str) -> None:
+    """Empty, or the JSON text of an object of at most MAX_SCHEMA_CHARS characters."""
+    if not text.strip():
+        return
+    if len(text) > MAX_SCHEMA_CHARS:
+        violations.add(field, f"must be at most {MAX_SCHEMA_CHARS} characters")
+        return
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        violations.add(field, f"must be JSON text: {exc}")
+        return
+    if not isinstance(schema, dict):
+        violations.add(field, "must be a JSON object (a JSON Schema)")
 
 
 def talent_message(record: TalentRecord) -> talent_pb2.Talent:
@@ -104,6 +127,7 @@ def talent_message(record: TalentRecord) -> talent_pb2.Talent:
         includes=record.includes,
         recommends=record.recommends,
         pinned=record.pinned,
+        input_schema=record.input_schema,
     )
     if record.updated_at is not None:
         stamp = Timestamp()
@@ -145,6 +169,61 @@ def _excluded(talent: ResolvedTalent) -> talent_pb2.ExcludedTalent:
     )
 
 
+def _check_limits(
+    violations: Violations,
+    request: talent_pb2.ResolveTalentsRequest | talent_pb2.SearchToolsRequest,
+) -> None:
+    if request.HasField("budget_tokens") and not 1 <= request.budget_tokens <= MAX_BUDGET_TOKENS:
+        violations.add("budget_tokens", f"must be in [1, {MAX_BUDGET_TOKENS}]")
+    if request.HasField("max_served") and not 0 <= request.max_served <= MAX_SERVED:
+        violations.add("max_served", f"must be in [0, {MAX_SERVED}]")
+
+
+def tools_message(resolution: Resolution) -> talent_pb2.SearchToolsResponse:
+    """A resolution as the tools an agent loads: name, description, input schema."""
+    tools = []
+    tokens = 0
+    for decision, talent in zip(resolution.selected, resolution.served, strict=True):
+        description = (talent.fields.summary if talent.fields else "") or talent.body
+        schema = talent.input_schema or EMPTY_SCHEMA
+        tokens += estimate_tokens(f"{talent.name}{description}{schema}")
+        tools.append(
+            talent_pb2.ToolMatch(
+                talent_id=talent.id,
+                name=talent.name,
+                description=description,
+                input_schema=schema,
+                reason=decision.reason,
+                required_by=decision.required_by,
+                score=decision.score,
+            )
+        )
+    chosen = {str(Reason.RELEVANCE), str(Reason.FALLBACK_TOP3)}
+    none_fits = not any(decision.reason in chosen for decision in resolution.selected)
+    note = ""
+    if resolution.out_of_domain and resolution.gate is not None:
+        note = f"no tool fits this task ({resolution.gate.note()})"
+    elif none_fits:
+        note = f"no tool fits this task ({resolution.note or 'none selected'})"
+    return talent_pb2.SearchToolsResponse(
+        tools=tools,
+        none_fits=none_fits,
+        note=note,
+        tokens=tokens,
+        selection=selection_message(resolution),
+    )
+
+
+def _gate(report: GateReport | None) -> talent_pb2.TalentGate | None:
+    if report is None:
+        return None
+    return talent_pb2.TalentGate(
+        best_similarity=report.best_similarity,
+        similarity_threshold=report.gate.similarity,
+        calibration_tasks=report.gate.calibration_tasks,
+    )
+
+
 def selection_message(resolution: Resolution) -> talent_pb2.TalentSelection:
     """A resolution as the wire's TalentSelection."""
     params = resolution.params
@@ -161,8 +240,10 @@ def selection_message(resolution: Resolution) -> talent_pb2.TalentSelection:
             if resolution.relevance
             else talent_pb2.RELEVANCE_MODE_OFF
         ),
+        gate=_gate(resolution.gate),
+        excluded_unlisted=resolution.excluded_unlisted,
         params=talent_pb2.TalentSelectionParams(
-            floor=params.floor,
+            floor=params.floor or 0.0,
             beta=params.beta,
             margin=params.margin,
             budget_tokens=params.budget_tokens,
@@ -271,18 +352,13 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
             else mode == talent_pb2.RELEVANCE_MODE_EMBEDDINGS
         )
         check_text(violations, "task", request.task, max_chars=MAX_QUERY_CHARS, required=relevance)
-        if request.HasField("budget_tokens") and not (
-            1 <= request.budget_tokens <= MAX_BUDGET_TOKENS
-        ):
-            violations.add("budget_tokens", f"must be in [1, {MAX_BUDGET_TOKENS}]")
+        _check_limits(violations, request)
         if request.HasField("floor"):
             _check_param(violations, "floor", request.floor, -1.0, 1.0)
         if request.HasField("beta"):
             _check_param(violations, "beta", request.beta, 0.0, MAX_PARAM)
         if request.HasField("margin"):
             _check_param(violations, "margin", request.margin, 0.0, MAX_PARAM)
-        if request.HasField("max_served") and not 0 <= request.max_served <= MAX_SERVED:
-            violations.add("max_served", f"must be in [0, {MAX_SERVED}]")
         violations.raise_if_any()
         params = service.params(
             floor=request.floor if request.HasField("floor") else None,
@@ -295,6 +371,26 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
             request.project_id, request.role, request.task, relevance=relevance, params=params
         )
         return talent_pb2.ResolveTalentsResponse(selection=selection_message(resolution))
+
+    async def SearchTools(
+        self, request: talent_pb2.SearchToolsRequest, context: grpc.aio.ServicerContext
+    ) -> talent_pb2.SearchToolsResponse:
+        """The selection by relevance as tools to load, or an explicit none fits."""
+        service = self._service()
+        violations = Violations()
+        check_id(violations, "project_id", request.project_id)
+        check_id(violations, "role", request.role, required=False)
+        check_text(violations, "task", request.task, max_chars=MAX_QUERY_CHARS, required=True)
+        _check_limits(violations, request)
+        violations.raise_if_any()
+        params = service.params(
+            budget_tokens=request.budget_tokens if request.HasField("budget_tokens") else None,
+            max_served=request.max_served if request.HasField("max_served") else None,
+        )
+        resolution = await service.resolve(
+            request.project_id, request.role, request.task, relevance=True, params=params
+        )
+        return tools_message(resolution)
 
     async def DiagnoseProject(
         self, request: talent_pb2.DiagnoseProjectRequest, context: grpc.aio.ServicerContext

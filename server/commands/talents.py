@@ -10,6 +10,7 @@ They talk to the server through the SDK (`satchel.client`) and run next to any s
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections import Counter
@@ -154,6 +155,12 @@ def talent_id_for(path: Path, root: Path) -> str:
     return ".".join(re.sub(r"\s+", "-", part.strip()).lower() for part in parts if part.strip())
 
 
+def _slug(name: str) -> str:
+    """A tool name as the last part of a talent id: lower case, runs of other characters than
+    letters, digits, `_` and `-` become one dash."""
+    return re.sub(r"[^\w-]+", "-", name.strip()).strip("-").lower() or "tool"
+
+
 @dataclass
 class TalentFile:
     """A parsed talent file: the fields of a `satchel.v1.Talent`."""
@@ -165,6 +172,7 @@ class TalentFile:
     body: str = ""
     lists: dict[str, list[str]] = field(default_factory=dict)
     pinned: bool = False
+    input_schema: str = ""
 
     def message(self) -> Any:
         """The `satchel.v1.Talent` to upsert."""
@@ -174,6 +182,7 @@ class TalentFile:
             summary=self.summary,
             body=self.body,
             pinned=self.pinned,
+            input_schema=self.input_schema,
             **self.lists,
         )
 
@@ -206,13 +215,49 @@ def _is_true(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "yes", "on", "1")
 
 
-def parse_talent_file(path: Path, root: Path) -> TalentFile:
-    """Read one talent file under `root` (see `talent_from_text`)."""
-    return talent_from_text(path.read_text(encoding="utf-8"), path, root)
+def parse_talent_file(path: Path, root: Path) -> list[TalentFile]:
+    """Read one talent file under `root`: a tool list (`tools_from_json`) or one talent
+    (`talent_from_text`)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        return tools_from_json(text, path, root)
+    return [talent_from_text(text, path, root)]
+
+
+def tools_from_json(text: str, path: Path, root: Path) -> list[TalentFile]:
+    """The tools of an MCP `tools/list` result (`{"tools": [{"name", "description",
+    "inputSchema"}]}`) as talents: id `<file id>.<tool name>`, the description as summary, the
+    input schema kept, tagged with the file's name (the server they come from)."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise FrontMatterError(f"not JSON: {exc}") from exc
+    tools = document.get("tools") if isinstance(document, dict) else None
+    if not isinstance(tools, list):
+        raise FrontMatterError('a JSON talent file holds {"tools": [...]} (an MCP tools/list)')
+    group = talent_id_for(path, root)
+    talents = []
+    for index, tool in enumerate(tools):
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            raise FrontMatterError(f"tools[{index}] has no name")
+        schema = tool.get("inputSchema") or tool.get("input_schema") or tool.get("parameters")
+        talents.append(
+            TalentFile(
+                path=path,
+                id=f"{group}.{_slug(name)}",
+                name=name.strip(),
+                summary=str(tool.get("description") or "").strip(),
+                lists={"tags": [group.rsplit(".", 1)[-1]]},
+                input_schema=json.dumps(schema) if isinstance(schema, dict) else "",
+            )
+        )
+    return talents
 
 
 def talent_files(root: Path) -> Iterator[Path]:
-    """Talent files under root, sorted: SKILL.md, *.mdc, and *.md starting with front matter.
+    """Talent files under root, sorted: SKILL.md, *.mdc, *.json tool lists, and *.md starting
+    with front matter.
 
     Hidden directories (`.git`…) are skipped.
     """
@@ -221,7 +266,7 @@ def talent_files(root: Path) -> Iterator[Path]:
         if any(part.startswith(".") for part in relative.parts[:-1]) or not path.is_file():
             continue
         name = path.name.lower()
-        if name == SKILL_FILE or name.endswith(".mdc"):
+        if name == SKILL_FILE or name.endswith((".mdc", ".json")):
             yield path
         elif name.endswith(".md"):
             with path.open(encoding="utf-8", errors="replace") as handle:
@@ -269,28 +314,36 @@ def _fail(exc: SatchelError) -> int:
 
 def _import_file(
     api: SatchelClient, args: argparse.Namespace, root: Path, path: Path, seen: dict[str, Path]
-) -> tuple[str, str]:
-    """Upsert (and activate) one talent file: (`created`|`updated`|`failed`, what to print).
+) -> list[tuple[str, str]]:
+    """Upsert (and activate) the talents of one file: for each, (`created`|`updated`|`failed`,
+    what to print).
 
     UNAVAILABLE is raised: no other file would get through either.
     """
     try:
-        talent = parse_talent_file(path, root)
+        talents = parse_talent_file(path, root)
     except (FrontMatterError, UnicodeDecodeError) as exc:
-        return "failed", f"skipped: {exc}"
-    if talent.id in seen:
-        return "failed", f"skipped: id {talent.id} already used by {seen[talent.id]}"
-    seen[talent.id] = path.relative_to(root)
-    try:
-        reply = api.upsert_talent(talent.message())
-        if args.activate:
-            api.set_talent_activation(args.project, talent.id)
-    except SatchelError as exc:
-        if exc.code == grpc.StatusCode.UNAVAILABLE:
-            raise
-        return "failed", f"failed: {describe_error(exc)}"
-    verb = "created" if reply.created else "updated"
-    return verb, f"{verb} {talent.id}" + (" (active)" if args.activate else "")
+        return [("failed", f"skipped: {exc}")]
+    outcomes = []
+    for talent in talents:
+        if talent.id in seen:
+            outcomes.append(
+                ("failed", f"skipped: id {talent.id} already used by {seen[talent.id]}")
+            )
+            continue
+        seen[talent.id] = path.relative_to(root)
+        try:
+            reply = api.upsert_talent(talent.message())
+            if args.activate:
+                api.set_talent_activation(args.project, talent.id)
+        except SatchelError as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE:
+                raise
+            outcomes.append(("failed", f"failed: {describe_error(exc)}"))
+            continue
+        verb = "created" if reply.created else "updated"
+        outcomes.append((verb, f"{verb} {talent.id}" + (" (active)" if args.activate else "")))
+    return outcomes
 
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
@@ -318,10 +371,11 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             view.progress_steps(out, len(paths), "importing talents") as step,
         ):
             for path in paths:
-                status, what = _import_file(api, args, root, path, seen)
-                tally[status] += 1
-                style = "yellow" if status == "failed" else ""
-                out.print(Text(f"{path.relative_to(root)}: {what}", style=style), soft_wrap=True)
+                for status, what in _import_file(api, args, root, path, seen):
+                    tally[status] += 1
+                    style = "yellow" if status == "failed" else ""
+                    line = f"{path.relative_to(root)}: {what}"
+                    out.print(Text(line, style=style), soft_wrap=True)
                 step()
             step("talents imported", advance=0)
     except SatchelError as exc:
@@ -411,6 +465,26 @@ def cmd_resolve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    """Ask which tools an agent should load for a task (SearchTools)."""
+    with _client(args, settings) as api:
+        try:
+            reply = api.search_tools(
+                args.project, args.task, role=args.role, budget_tokens=args.budget_tokens
+            )
+        except SatchelError as exc:
+            return _fail(exc)
+    if args.json:
+        print(_to_json(reply))
+        return 0
+    if reply.none_fits:
+        print(reply.note)
+    for tool in reply.tools:
+        why = f" ({tool.reason}" + (f" of {tool.required_by})" if tool.required_by else ")")
+        print(f"{tool.name}{why if tool.reason != 'relevance' else ''}: {tool.description}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     """Report what is wrong with a project's talents; exit 1 when anything is."""
     with _client(args, settings) as api:
@@ -469,6 +543,15 @@ def register(commands: Any) -> None:
     out.add_argument("--compiled", action="store_true", help="print only the compiled block")
     _address_option(res)
     res.set_defaults(func=cmd_resolve)
+
+    search = sub.add_parser("search", help="the tools an agent should load for a task")
+    search.add_argument("--project", required=True)
+    search.add_argument("--role", default="", help="the agent's role (default: none)")
+    search.add_argument("--task", required=True)
+    search.add_argument("--budget", dest="budget_tokens", type=int)
+    search.add_argument("--json", action="store_true", help="print the SearchToolsResponse")
+    _address_option(search)
+    search.set_defaults(func=cmd_search)
 
     doctor = commands.add_parser("doctor", help="diagnose a project's talents")
     doctor.add_argument("--project", required=True)

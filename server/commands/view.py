@@ -247,10 +247,16 @@ def selection_table(
     as the caption. The score parts (sim, hits) are shown when `width` leaves room for them."""
     mode = talent_pb2.RelevanceMode.Name(selection.relevance).removeprefix("RELEVANCE_MODE_")
     p = selection.params
+    gate = selection.gate
+    threshold = (
+        f"gate {gate.similarity_threshold:.2f} (best {gate.best_similarity:.2f})"
+        if selection.HasField("gate")
+        else f"floor {p.floor:g}"
+    )
     table = Table(
         title=title,
         title_justify="left",
-        caption=f"relevance {mode.lower()}  floor {p.floor:g}  beta {p.beta:g}"
+        caption=f"relevance {mode.lower()}  {threshold}  beta {p.beta:g}"
         f"  margin {p.margin:g}  budget {p.budget_tokens}",
         caption_justify="left",
         min_width=min(len(title), width),  # a long task would wrap the title

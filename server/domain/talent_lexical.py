@@ -1,11 +1,14 @@
-"""The lexical side of talent relevance: Okapi BM25 over the candidates' texts.
+"""The lexical side of talent relevance: BM25 over candidates' texts, BM25F over their fields.
 
-Pure, no I/O. Words are lower-cased letter/digit runs minus the English and French function
-words, stemmed with the Snowball stemmer of the text's language (French when its French function
-words outnumber its English ones, as the SQL's `satchel_text_config` decides), then stripped of
-accents, so that "tests unitaires" and "unit testing" both reach "test", and "déployer" matches
-"deployer". IDF is computed over the candidate set, which is what makes a rare word ("Pinia",
-"Solidity") count more than a common one ("code", "file").
+Pure, no I/O. `FieldIndex` (fused scoring, the default) scores a talent's name, tags, summary
+and body as weighted fields, with the words of `talent_terms` (any language, CJK bigrams).
+`LexicalIndex` (hybrid scoring) is Okapi BM25 over one text: words are lower-cased letter/digit
+runs minus the English and French function words, stemmed with the Snowball stemmer of the text's
+language (French when its French function words outnumber its English ones, as the SQL's
+`satchel_text_config` decides), then stripped of accents, so that "tests unitaires" and "unit
+testing" both reach "test", and "déployer" matches "deployer". IDF is computed over the candidate
+set, which is what makes a rare word ("Pinia", "Solidity") count more than a common one ("code",
+"file").
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import talent_terms
 from .text_query import STOP_WORDS
 
 K1 = 1.2
@@ -118,3 +122,80 @@ class LexicalIndex:
             result[rows] += idf * tf * (K1 + 1) / (tf + self.norms[rows])
             full += idf
         return result, full
+
+
+FIELD_WEIGHTS: dict[str, float] = {"name": 3.0, "tags": 1.5, "summary": 2.0, "body": 1.0}
+"""BM25F: a term's frequency in each field, length-normalised within the field, is weighted by
+these and summed before saturation. The name and the summary say what a talent is for; the body
+(parameters, rule text) mostly how (benchmarks/talents.md)."""
+
+
+@dataclass(frozen=True)
+class TalentFields:
+    """What a talent says, field by field, for BM25F: `tags` its tags, triggers and task types,
+    `body` its body and its tool parameters (bounded by the caller)."""
+
+    name: str
+    tags: str = ""
+    summary: str = ""
+    body: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class FieldIndex:
+    """BM25F over a fixed candidate set, built once per set, in any language (`talent_terms`).
+
+    `postings[term]` holds the candidates containing `term` and each one's whole contribution,
+    idf x saturated weighted frequency: it does not depend on the task, so scoring a task is one
+    sum per term. `most(terms)` bounds any candidate's score: the scale that makes a score
+    comparable across tasks and catalogues.
+    """
+
+    postings: dict[str, tuple[np.ndarray, np.ndarray]]
+    idf: dict[str, float]
+    size: int
+
+    @classmethod
+    def of(cls, talents: Sequence[TalentFields]) -> FieldIndex:
+        """Index the candidates' fields (row i = candidate i)."""
+        counted = {
+            name: [Counter(talent_terms.analyze(getattr(t, name))) for t in talents]
+            for name in FIELD_WEIGHTS
+        }
+        weighted: dict[str, dict[int, float]] = {}
+        for name, weight in FIELD_WEIGHTS.items():
+            lengths = np.array([sum(c.values()) for c in counted[name]], dtype=np.float64)
+            mean = float(lengths.mean()) if len(lengths) and lengths.mean() > 0 else 1.0
+            norms = 1 - B + B * lengths / mean
+            for i, counts in enumerate(counted[name]):
+                for term, tf in counts.items():
+                    row = weighted.setdefault(term, {})
+                    row[i] = row.get(i, 0.0) + weight * tf / norms[i]
+        n = len(talents)
+        postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        idf: dict[str, float] = {}
+        for term, rows in weighted.items():
+            idf[term] = math.log(1 + (n - len(rows) + 0.5) / (len(rows) + 0.5))
+            tf = np.fromiter(rows.values(), dtype=np.float64, count=len(rows))
+            postings[term] = (
+                np.fromiter(rows.keys(), dtype=np.intp, count=len(rows)),
+                idf[term] * tf * (K1 + 1) / (tf + K1),
+            )
+        return cls(postings, idf, n)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def scores(self, terms: Iterable[str]) -> np.ndarray:
+        """Every candidate's BM25F for these distinct terms."""
+        result = np.zeros(self.size)
+        for term in terms:
+            posting = self.postings.get(term)
+            if posting is not None:
+                result[posting[0]] += posting[1]
+        return result
+
+    def most(self, terms: Iterable[str]) -> float:
+        """The most a candidate could score for these distinct terms: each saturated in every
+        field (0 when no candidate holds any)."""
+        return (K1 + 1) * sum(self.idf.get(term, 0.0) for term in terms)

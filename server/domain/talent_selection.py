@@ -18,27 +18,31 @@ Decisions on points the spec leaves open:
 - The top-3 fallback applies once the gate is open and nothing survived the cut (margin, positivity
   or budget); it ignores the budget.
 
-Two scorings (`SelectionParams.scoring`). `seed`: the spec's score, centred similarity + beta x
-stem hits. `hybrid` (the server's default, measured in benchmarks/talents.md): the plain cosine
-+ beta x stem hits + text_weight x the task's BM25 over the candidates' texts divided by the
-best candidate's (`talent_lexical`); on catalogues of hundreds of tools centring lost recall at
-every count, and its gate let every off-domain task through (the best of hundreds of centred
-similarities is rarely low). Both gate the same way on their own similarity (the best below
-`floor` and no stem hit: out of domain; the lexical rank never opens the gate), and both may
-cap how many talents relevance serves (`max_served`, `over_max_served`).
+Three scorings (`SelectionParams.scoring`). `fused` (the server's default, `talent_fusion`):
+z-scored cosines of the short and full texts + BM25F, sub-intents lifted, a gate calibrated per
+candidate set, a margin in z units and no positivity rule (z-scores are relative). `seed`: the
+spec's score, centred similarity + beta x stem hits. `hybrid` (the previous default): the plain
+cosine + beta x stem hits + text_weight x the task's BM25 over the candidates' texts divided by
+the best candidate's (`talent_lexical`). Seed and hybrid gate on their own similarity (the best
+below `floor` and no stem hit: out of domain; the lexical rank never opens the gate). All may
+cap how many talents relevance serves (`max_served`, `over_max_served`). Measurements:
+benchmarks/talents.md.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
 
-from .talent_lexical import LexicalIndex
+from .talent_fusion import FusedSpace, GateReport, merged_scores, sub_intents
+from .talent_lexical import LexicalIndex, TalentFields
+from .talent_terms import task_terms
 
 NOTE_OUT_OF_DOMAIN = "no specific talent for this task"
 NOTE_FALLBACK = "no talent passed the cut; kept the top 3 by score"
@@ -46,6 +50,12 @@ NOTE_NO_CANDIDATES = "no candidate talents"
 FALLBACK_COUNT = 3
 STEM_LENGTH = 5
 MIN_WORD_LETTERS = 4
+FULL_TEXT_CHARS = 1500
+LISTED_EXCLUSIONS = 50
+"""Fused scoring decides every candidate but lists only the best-scored exclusions (at least
+this many): on a catalogue of thousands the tail is all below the margin (or out of domain)."""
+SEED_FLOOR = 0.18
+MAX_SCHEMA_LINES = 64
 
 _LETTERS = re.compile(r"[^\W\d_]+")
 _ZERO_NORM = 1e-9
@@ -94,9 +104,62 @@ def talent_text(name: str, summary: str, tags: Iterable[str], triggers: Iterable
     return "\n".join(part for part in (p.strip() for p in parts) if part)
 
 
+def schema_text(input_schema: str) -> str:
+    """A tool's parameters as text: one line per property of its JSON Schema, "name: its
+    description" (nested objects' properties too); '' when there is no schema."""
+    try:
+        schema = json.loads(input_schema) if input_schema.strip() else {}
+    except ValueError:
+        return ""
+    lines: list[str] = []
+    pending = [schema] if isinstance(schema, dict) else []
+    while pending and len(lines) < MAX_SCHEMA_LINES:
+        node = pending.pop(0)
+        properties = node.get("properties")
+        if not isinstance(properties, dict):
+            continue
+        for name, spec in properties.items():
+            spec = spec if isinstance(spec, dict) else {}
+            description = spec.get("description")
+            lines.append(f"{name}: {description}" if isinstance(description, str) else str(name))
+            pending += [x for x in (spec, spec.get("items")) if isinstance(x, dict)]
+    return "\n".join(lines[:MAX_SCHEMA_LINES])
+
+
+def served_definition(summary: str, input_schema: str) -> str:
+    """What a talent without a body is served as: its summary, and its input schema when it is
+    a tool."""
+    schema = input_schema.strip()
+    return "\n\n".join(part for part in (summary.strip(), schema and f"Input: {schema}") if part)
+
+
+def talent_fields(
+    name: str,
+    summary: str = "",
+    body: str = "",
+    tags: Sequence[str] = (),
+    input_schema: str = "",
+) -> TalentFields:
+    """What lexical relevance reads of a talent: its body and parameters bounded at
+    FULL_TEXT_CHARS (a long rule's tail is mostly examples)."""
+    parts = [body.strip() if body.strip() != summary.strip() else "", schema_text(input_schema)]
+    rest = "\n".join(part for part in parts if part)[:FULL_TEXT_CHARS]
+    return TalentFields(name=name, tags=", ".join(tags), summary=summary.strip(), body=rest)
+
+
+def full_text(fields: TalentFields) -> str:
+    """The second embedded text of fused relevance: name, tags, summary, body and parameters,
+    at most FULL_TEXT_CHARS (the models read ~256 tokens anyway)."""
+    head = f"{fields.name} ({fields.tags})" if fields.tags else fields.name
+    lines = [head, fields.summary, fields.body]
+    return "\n".join(line for line in lines if line)[:FULL_TEXT_CHARS]
+
+
 @dataclass(frozen=True)
 class ScorableTalent:
-    """A candidate as selection sees it. `tokens` is the cost of serving `body`."""
+    """A candidate as selection sees it. `tokens` is the cost of serving `body`; `text` is
+    embedded by every scoring, `full_text` too by the fused one, which reads `fields` with
+    BM25F."""
 
     id: str
     name: str
@@ -106,6 +169,9 @@ class ScorableTalent:
     body: str = ""
     # Served whatever the task (never scored): see `satchel.server.talents.resolve_selection`.
     pinned: bool = False
+    fields: TalentFields | None = None
+    full_text: str = ""
+    input_schema: str = ""  # a tool's JSON Schema, as given
 
     @classmethod
     def build(
@@ -118,16 +184,23 @@ class ScorableTalent:
         triggers: Sequence[str] = (),
         task_types: Sequence[str] = (),
         pinned: bool = False,
+        input_schema: str = "",
     ) -> ScorableTalent:
-        """Derive text, stems (tags + triggers + task_types) and tokens (of the body)."""
+        """Derive texts, fields, stems (tags + triggers + task_types) and what is served: the
+        body, else the summary with the input schema (a tool's definition), and its tokens."""
+        fields = talent_fields(name, summary, body, [*tags, *triggers, *task_types], input_schema)
+        served = body.strip() or served_definition(summary, input_schema)
         return cls(
             id=id,
             name=name,
             text=talent_text(name, summary, tags, triggers),
             stems=frozenset(stems([*tags, *triggers, *task_types])),
-            tokens=estimate_tokens(body),
-            body=body,
+            tokens=estimate_tokens(served),
+            body=served,
             pinned=pinned,
+            fields=fields,
+            full_text=full_text(fields),
+            input_schema=input_schema,
         )
 
 
@@ -136,17 +209,20 @@ class Scoring(StrEnum):
 
     SEED = "seed"
     HYBRID = "hybrid"
+    FUSED = "fused"
 
 
 @dataclass(frozen=True)
 class SelectionParams:
     """Tunables of the relevance cut; defaults from the spec (the seed's scoring, no cap).
 
+    `floor` bounds the best similarity of the out-of-domain gate; None (fused scoring only):
+    the gate calibrated for the candidates. `margin` is in the scoring's own units.
     `text_weight` weighs the lexical rank in hybrid scoring; `max_served` caps how many
     talents relevance keeps (0: no cap).
     """
 
-    floor: float = 0.18
+    floor: float | None = SEED_FLOOR
     beta: float = 0.12
     margin: float = 0.15
     budget_tokens: int = 2000
@@ -190,6 +266,10 @@ class SelectionResult:
     excluded: tuple[ScoredTalent, ...]
     out_of_domain: bool = False
     note: str = ""
+    # What the out-of-domain gate of fused scoring saw (None in the other scorings).
+    gate: GateReport | None = None
+    # Candidates left out of `excluded` (fused scoring): all scored below every listed one.
+    unlisted: int = 0
 
     @property
     def kept_ids(self) -> list[str]:
@@ -322,7 +402,7 @@ def _decision(row: _Row, reason: Reason) -> ScoredTalent:
 
 def select(
     candidates: Sequence[ScorableTalent],
-    talent_vectors: np.ndarray | CentredSpace,
+    talent_vectors: np.ndarray | CentredSpace | FusedSpace,
     task_vector: np.ndarray,
     task_stems: Set[str],
     params: SelectionParams | None = None,
@@ -333,21 +413,82 @@ def select(
     """Relevance on: gate, margin cut, count cap and budget over the candidates (row i of
     vectors = i).
 
-    `talent_vectors` may be a precomputed `CentredSpace` of the same candidates. Hybrid scoring
-    reads the `task` text, and the candidates' `lexical` index when given (else builds it).
+    `talent_vectors` is the candidates' `FusedSpace` in fused scoring; in the others, their
+    vectors or a precomputed `CentredSpace`. Hybrid and fused scoring read the `task` text;
+    hybrid the candidates' `lexical` index when given (else builds it).
     """
     params = params or SelectionParams()
     if not candidates:
         return SelectionResult(kept=(), excluded=(), note=NOTE_NO_CANDIDATES)
+    if params.scoring == Scoring.FUSED:
+        if not isinstance(talent_vectors, FusedSpace):
+            raise ValueError("fused scoring needs the candidates' FusedSpace")
+        return _select_fused(candidates, talent_vectors, task_vector, task_stems, task, params)
+    if isinstance(talent_vectors, FusedSpace):
+        raise ValueError(f"{params.scoring} scoring needs the candidates' vectors")
     ranks = lexical_ranks(candidates, task, lexical) if params.scoring == Scoring.HYBRID else None
     rows = _score(
         candidates, talent_vectors, task_vector, task_stems, params.beta, ranks, params.text_weight
     )
-
-    if max(row.similarity for row in rows) < params.floor and sum(row.hits for row in rows) == 0:
+    floor = params.floor if params.floor is not None else SEED_FLOOR
+    if max(row.similarity for row in rows) < floor and sum(row.hits for row in rows) == 0:
         excluded = tuple(_decision(row, Reason.OUT_OF_DOMAIN) for row in rows)
         return SelectionResult((), excluded, out_of_domain=True, note=NOTE_OUT_OF_DOMAIN)
+    return _cut(rows, params)
 
+
+def _select_fused(
+    candidates: Sequence[ScorableTalent],
+    space: FusedSpace,
+    task_vector: np.ndarray,
+    task_stems: Set[str],
+    task: str,
+    params: SelectionParams,
+) -> SelectionResult:
+    """Fused scoring (`talent_fusion`): the gate calibrated for these candidates (its
+    similarity bound replaced by `params.floor` when set) judges the whole task; the scores
+    merge the whole task's and its sub-intents' (`merged_scores`); then the same cut as the
+    others.
+    Ties in score keep the candidates' order (the service passes them by id)."""
+    if len(space) != len(candidates):
+        raise ValueError(f"a space of {len(space)} talents for {len(candidates)} candidates")
+    evidence = space.evidence(task_vector, task_terms(task))
+    gate = space.gate if params.floor is None else replace(space.gate, similarity=params.floor)
+    parts = [space.word_scores(task_terms(part)) for part in sub_intents(task)]
+    fused = merged_scores(evidence.fused, parts, params.margin)
+    report = gate.judge(evidence)
+    # Only the rows that can be served or listed are built (a catalogue may hold thousands):
+    # those within the margin and the LISTED_EXCLUSIONS next; the rest are counted.
+    within = int((fused >= fused.max() - params.margin).sum()) if report.admitted else 0
+    built = min(len(candidates), within + LISTED_EXCLUSIONS)
+    order = np.argsort(-fused, kind="stable")[:built]
+    similarity, lexical = evidence.similarity, evidence.word_match
+    rows = [
+        _Row(
+            candidates[i],
+            float(fused[i]),
+            float(similarity[i]),
+            len(candidates[i].stems & task_stems),
+            float(lexical[i]),
+        )
+        for i in order.tolist()
+    ]
+    unlisted = len(candidates) - built
+    if not report.admitted:
+        excluded = tuple(_decision(row, Reason.OUT_OF_DOMAIN) for row in rows)
+        note = f"{NOTE_OUT_OF_DOMAIN} ({report.note()})"
+        return SelectionResult(
+            (), excluded, out_of_domain=True, note=note, gate=report, unlisted=unlisted
+        )
+    # z-scores are relative: a candidate below the mean may still be the second best fit.
+    return replace(_cut(rows, params, positive_only=False), gate=report, unlisted=unlisted)
+
+
+def _cut(
+    rows: Sequence[_Row], params: SelectionParams, *, positive_only: bool = True
+) -> SelectionResult:
+    """Margin, positivity (unless not `positive_only`), count cap and budget over rows sorted
+    best first; the top three when nothing survives."""
     threshold = rows[0].score - params.margin
     cap = params.max_served or len(rows)
     kept: list[ScoredTalent] = []
@@ -356,7 +497,7 @@ def select(
     for row in rows:
         if row.score < threshold:
             excluded.append(_decision(row, Reason.BELOW_MARGIN))
-        elif row.score <= 0:
+        elif positive_only and row.score <= 0:
             excluded.append(_decision(row, Reason.NON_POSITIVE))
         elif len(kept) >= cap:
             excluded.append(_decision(row, Reason.OVER_MAX_SERVED))

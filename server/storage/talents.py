@@ -36,6 +36,7 @@ class TalentRecord:
     recommends: tuple[str, ...] = ()
     updated_at: datetime | None = None
     pinned: bool = False
+    input_schema: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ _EDGES = """
 """
 _COLUMNS = """
     t.id, t.name, t.summary, t.body, t.tags, t.triggers, t.task_types, t.roles, t.updated_at,
-    t.pinned, edges.requires, edges.includes, edges.recommends
+    t.pinned, t.input_schema, edges.requires, edges.includes, edges.recommends
 """
 
 
@@ -84,6 +85,7 @@ def _record(row: Mapping[str, Any]) -> TalentRecord:
         recommends=tuple(row["recommends"]),
         updated_at=row["updated_at"],
         pinned=row["pinned"],
+        input_schema=row["input_schema"],
     )
 
 
@@ -93,13 +95,14 @@ async def upsert_talent(conn: AsyncConnection, talent: TalentRecord) -> tuple[Ta
         await cur.execute(
             """
             INSERT INTO talents (id, name, summary, body, tags, triggers, task_types, roles,
-                pinned)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                pinned, input_schema)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             ON CONFLICT (id) DO UPDATE SET
                 name = EXCLUDED.name, summary = EXCLUDED.summary, body = EXCLUDED.body,
                 tags = EXCLUDED.tags, triggers = EXCLUDED.triggers,
                 task_types = EXCLUDED.task_types, roles = EXCLUDED.roles,
-                pinned = EXCLUDED.pinned, updated_at = clock_timestamp()
+                pinned = EXCLUDED.pinned, input_schema = EXCLUDED.input_schema,
+                updated_at = clock_timestamp()
             RETURNING (xmax = 0) AS created
             """,
             (
@@ -112,6 +115,7 @@ async def upsert_talent(conn: AsyncConnection, talent: TalentRecord) -> tuple[Ta
                 list(talent.task_types),
                 list(talent.roles),
                 talent.pinned,
+                talent.input_schema,
             ),
         )
         row = await cur.fetchone()
@@ -230,20 +234,13 @@ async def talent_refs(conn: AsyncConnection, project_id: str | None = None) -> l
 
 
 async def active_version(conn: AsyncConnection, project_id: str) -> str:
-    """A digest of a project's active set: changes whenever a talent is activated, deactivated
-    or, while active, upserted (every upsert moves `updated_at`). One row, cheap to read."""
+    """The version of a project's active set: it moves whenever a talent is activated,
+    deactivated or, while active, upserted (triggers of migration 0020). One index lookup."""
     cur = await conn.execute(
-        """
-        SELECT count(*)::text || ':' || coalesce(
-            md5(string_agg(t.id || '@' || t.updated_at::text, ',' ORDER BY t.id)), '')
-        FROM talent_activations a JOIN talents t ON t.id = a.talent_id
-        WHERE a.project_id = %s AND a.active
-        """,
-        (project_id,),
+        "SELECT version FROM talent_project_versions WHERE project_id = %s", (project_id,)
     )
     row = await cur.fetchone()
-    assert row is not None
-    return str(row[0])
+    return "0" if row is None else str(row[0])
 
 
 async def cached_vectors(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_skill_front_matter_fields_and_explicit_id(tmp_path: Path) -> None:
         "roles: backend, reviewer\nrequires: [architecture.dependency-rule]\n"
         "task_types:\n  - feature\n---\nKeep the domain pure.\n"
     )
-    talent = parse_talent_file(skill, tmp_path)
+    (talent,) = parse_talent_file(skill, tmp_path)
     assert talent.id == "architecture.hexagonal"
     assert talent.lists == {
         "roles": ["backend", "reviewer"],
@@ -133,3 +134,30 @@ def test_talent_files_finds_skills_rules_and_front_matter_markdown(tmp_path: Pat
 def test_always_applied_rules_are_pinned(front: str, pinned: bool) -> None:
     talent = talent_from_text(f"---\n{front}\n---\n# Rule\n\nBody.", ROOT / "r.mdc", ROOT)
     assert talent.pinned is pinned and talent.message().pinned is pinned
+
+
+def test_an_mcp_tool_list_is_one_talent_per_tool(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    listing = {
+        "tools": [
+            {"name": "get_weather", "description": "Forecast for a city.", "inputSchema": schema},
+            {"name": "Send Mail!", "description": "Send an email."},
+        ]
+    }
+    path = tmp_path / "servers" / "Weather.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(listing))
+    assert list(talent_files(tmp_path)) == [path]
+    weather, mail = parse_talent_file(path, tmp_path)
+    assert (weather.id, weather.name, weather.summary) == (
+        "servers.weather.get_weather",
+        "get_weather",
+        "Forecast for a city.",
+    )
+    assert json.loads(weather.input_schema) == schema and weather.lists == {"tags": ["weather"]}
+    assert json.loads(weather.message().input_schema) == schema
+    assert (mail.id, mail.input_schema) == ("servers.weather.send-mail", "")
+    for bad, why in (("{", "not JSON"), ("[]", "tools/list"), ('{"tools": [{}]}', "no name")):
+        path.write_text(bad)
+        with pytest.raises(FrontMatterError, match=why):
+            parse_talent_file(path, tmp_path)

@@ -18,13 +18,14 @@ from satchel.server.domain.talent_selection import (
 from satchel.server.embedding.fake import FakeEmbedder
 from satchel.server.storage.talents import TalentRecord
 from satchel.server.talents import (
+    FUSED_MARGIN,
+    FUSED_MAX_SERVED,
     HYBRID_MODEL_DEFAULTS,
     MODEL_DEFAULTS,
     OUT_OF_DOMAIN_TEXT,
     SEED_DEFAULTS,
     TalentService,
     default_params,
-    default_scoring,
     graph_node,
     is_candidate,
     model_defaults,
@@ -94,7 +95,7 @@ def test_relevance_off_keeps_every_candidate_and_closes_over_other_servable_tale
         relevance=False,
         params=SelectionParams(),
         graph=graph,
-        servable={"ops": extra},
+        servable={**{c.id: c for c in candidates}, "ops": extra},
     )
     assert [t.reason for t in result.selected[:5]] == ["relevance_off"] * 5
     assert result.selected[5].id == "ops" and result.selected[5].required_by == "pay"
@@ -130,7 +131,8 @@ def test_served_text_is_the_body_else_the_summary() -> None:
 def test_defaults_per_model_and_settings_override() -> None:
     assert model_defaults("all-MiniLM-L6-v2-onnx-qint8") == MODEL_DEFAULTS["all-minilm-l6-v2"]
     assert model_defaults("intfloat/multilingual-e5-small") == SEED_DEFAULTS
-    params = default_params(TalentSettings(margin=0.5, budget_tokens=300), "other-model")
+    settings = TalentSettings(scoring="seed", margin=0.5, budget_tokens=300)
+    params = default_params(settings, "other-model")
     assert (params.floor, params.beta, params.margin, params.budget_tokens) == (
         SEED_DEFAULTS[0],
         SEED_DEFAULTS[1],
@@ -179,9 +181,8 @@ def test_server_settings_reach_the_service() -> None:
     service = TalentService(runtime)  # type: ignore[arg-type]
     assert service.default_relevance()
     assert service.configured_roles == ("backend", "reviewer")
-    floor, beta, _ = SEED_DEFAULTS  # the fake model has no calibrated values
-    # A model without hybrid calibration is served the seed's scoring, capped at 5.
-    defaults = SelectionParams(floor, beta, 0.4, 500, Scoring.SEED, max_served=5)
+    # Fused scoring whatever the model: its gate calibrated per candidate set (floor None).
+    defaults = SelectionParams(None, SEED_DEFAULTS[1], 0.4, 500, Scoring.FUSED, max_served=8)
     assert service.defaults == defaults
     assert service.params(floor=0.3, budget_tokens=7, max_served=2) == replace(
         defaults, floor=0.3, budget_tokens=7, max_served=2
@@ -190,16 +191,24 @@ def test_server_settings_reach_the_service() -> None:
     assert default_params(seed.talents, "any-model") == SelectionParams(*SEED_DEFAULTS)
 
 
-def test_the_bundled_model_is_served_hybrid_scoring_unless_configured_otherwise() -> None:
+def test_fused_scoring_and_relevance_are_the_defaults_and_the_others_stay_reachable() -> None:
     minilm = "all-MiniLM-L6-v2-onnx-qint8"
     auto = default_params(TalentSettings(), minilm)
-    assert auto.scoring == Scoring.HYBRID and auto.max_served == 5
-    assert (auto.floor, auto.beta, auto.margin) == HYBRID_MODEL_DEFAULTS["all-minilm-l6-v2"]
+    assert (auto.scoring, auto.floor, auto.margin) == (Scoring.FUSED, None, FUSED_MARGIN)
+    assert auto.max_served == FUSED_MAX_SERVED
+    hybrid = default_params(TalentSettings(scoring="hybrid"), minilm)
+    assert (hybrid.floor, hybrid.beta, hybrid.margin) == HYBRID_MODEL_DEFAULTS["all-minilm-l6-v2"]
     seed = default_params(TalentSettings(scoring="seed", max_served=0), minilm)
     assert seed == SelectionParams(*MODEL_DEFAULTS["all-minilm-l6-v2"])
-    assert default_scoring("intfloat/multilingual-e5-small") == Scoring.SEED
-    assert not TalentService(
+    e5_seed = default_params(TalentSettings(scoring="seed", max_served=0), "multilingual-e5-small")
+    assert e5_seed == SelectionParams(*SEED_DEFAULTS)
+    service = TalentService(
         SimpleNamespace(settings=Settings.from_env({}), embedder=FakeEmbedder())  # type: ignore[arg-type]
+    )
+    assert service.default_relevance()
+    off = Settings.from_env({"SATCHEL_TALENT_RELEVANCE": "off"})
+    assert not TalentService(
+        SimpleNamespace(settings=off, embedder=FakeEmbedder())  # type: ignore[arg-type]
     ).default_relevance()
 
 
@@ -214,6 +223,8 @@ def test_the_bundled_model_is_served_hybrid_scoring_unless_configured_otherwise(
         ("SATCHEL_TALENT_SCORING", "fuzzy"),
         ("SATCHEL_TALENT_TEXT_WEIGHT", "-1"),
         ("SATCHEL_TALENT_MAX_SERVED", "-3"),
+        ("SATCHEL_TALENT_GATE_QUANTILE", "1.5"),
+        ("SATCHEL_TALENT_SCORING", "z"),
         ("SATCHEL_TALENT_BUDGET_TOKENS", "0"),
     ],
 )

@@ -1,0 +1,178 @@
+"""Talent selection with the server's defaults, per catalogue, beside BM25 and cosine.
+
+    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b]
+
+Runs the server's own selection (`satchel.server.domain.talent_selection.select` over a
+`FusedSpace` calibrated with the shipped unrelated tasks, as `TalentService` builds it) on every
+labelled set of benchmarks/talent_design/datasets.py: the public catalogues of
+benchmarks/data/catalogues/ (SOURCES.md), MetaTool, the coding catalogue and our own set. Per
+set it prints:
+
+- served: mean talents served per real task (relevance-kept, no closure: these sets have no
+  edges); recall: gold recall among the served; BM25 and cosine at the same count per task
+  (stemmed BM25 over the full text, benchmarks/catalogue_baselines.py; the cosine of the short
+  text), and the gap to BM25 in points;
+- R@1/3/5/10 of the fused ranking, and of BM25;
+- gated: real tasks that got nothing (out of domain); off: of the 60 unrelated tasks of
+  off_domain.json, how many got a talent (and per 20).
+
+Vectors are cached under $TMPDIR/satchel-catalogues (the first run embeds every catalogue: ~10
+minutes on 2 cores per model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "talent_design"))
+sys.path.insert(0, str(HERE))
+
+from catalogue_baselines import BM25  # noqa: E402
+from datasets import Dataset, all_sets, off_domain  # noqa: E402
+from vectors import Vectors  # noqa: E402
+
+from satchel.server.config import TalentSettings  # noqa: E402
+from satchel.server.domain.talent_fusion import (  # noqa: E402
+    GATE_QUANTILE,
+    FusedSpace,
+    merged_scores,
+    sub_intents,
+)
+from satchel.server.domain.talent_lexical import FieldIndex  # noqa: E402
+from satchel.server.domain.talent_selection import (  # noqa: E402
+    ScorableTalent,
+    SelectionParams,
+    select,
+    stems,
+)
+from satchel.server.domain.talent_terms import task_terms  # noqa: E402
+from satchel.server.talents import default_params, unrelated_tasks  # noqa: E402
+
+KS = (1, 3, 5, 10)
+
+
+def candidates(dataset: Dataset) -> list[ScorableTalent]:
+    return [
+        ScorableTalent.build(id=t.id, name=t.name, summary=t.summary, body=t.body, tags=t.tags)
+        for t in dataset.talents
+    ]
+
+
+def fused_space(
+    talents: list[ScorableTalent], vectors: Vectors, quantile: float = GATE_QUANTILE
+) -> FusedSpace:
+    return FusedSpace.of(
+        vectors.passages([t.text for t in talents]),
+        vectors.passages([t.full_text for t in talents]),
+        FieldIndex.of([t.fields for t in talents if t.fields is not None]),
+        vectors.queries(unrelated_tasks()),
+        quantile,
+    )
+
+
+def recall(ranked: list[str], gold: frozenset[str]) -> float:
+    return len(gold & set(ranked)) / len(gold)
+
+
+def evaluate(
+    dataset: Dataset,
+    talents: list[ScorableTalent],
+    space: FusedSpace,
+    vectors: Vectors,
+    params: SelectionParams,
+    off: list[str],
+) -> dict[str, float]:
+    """The figures of one set."""
+    ids = [t.id for t in talents]
+    bm25 = BM25([t.full_text for t in talents])
+    tasks = [t for t in dataset.tasks if t.gold]
+    queries = vectors.queries([t.text for t in tasks])
+    figures: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        figures.setdefault(key, []).append(value)
+
+    for task, query in zip(tasks, queries, strict=True):
+        result = select(talents, space, query, stems(task.text), params, task=task.text)
+        served = result.kept_ids
+        evidence = space.evidence(query, task_terms(task.text))
+        parts = [space.word_scores(task_terms(part)) for part in sub_intents(task.text)]
+        fused = merged_scores(evidence.fused, parts, params.margin)
+        fused_order = [ids[i] for i in np.argsort(-fused, kind="stable")]
+        bm25_order = [ids[i] for i in np.argsort(-bm25.scores(task.text), kind="stable")]
+        cosine_order = [ids[i] for i in np.argsort(-evidence.short, kind="stable")]
+        n = len(served)
+        add("served", n)
+        add("gated", float(result.out_of_domain))
+        add("recall", recall(served, task.gold))
+        add("bm25", recall(bm25_order[:n], task.gold))
+        add("cosine", recall(cosine_order[:n], task.gold))
+        add("capped", float(any(d.reason == "over_max_served" for d in result.excluded)))
+        for k in KS:
+            add(f"R@{k}", recall(fused_order[:k], task.gold))
+            add(f"bm25 R@{k}", recall(bm25_order[:k], task.gold))
+    off_served = 0
+    for text, query in zip(off, vectors.queries(off), strict=True):
+        off_served += bool(select(talents, space, query, stems(text), params, task=text).kept)
+    means = {key: float(np.mean(values)) for key, values in figures.items()}
+    means["off"] = off_served
+    means["tasks"] = len(tasks)
+    return means
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm", choices=("minilm", "e5"))
+    parser.add_argument("--sets", default="", help="comma-separated set names (default: all)")
+    parser.add_argument("--margin", type=float, default=None)
+    parser.add_argument("--max-served", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--gate-quantile", type=float, default=None)
+    args = parser.parse_args()
+    vectors = Vectors(args.model)
+    params = default_params(TalentSettings(), vectors.embedder.model_id)
+    if args.margin is not None:
+        params = replace(params, margin=args.margin)
+    if args.max_served is not None:
+        params = replace(params, max_served=args.max_served)
+    wanted = {name for name in args.sets.split(",") if name}
+    off = [t.text for t in off_domain()]
+    spaces: dict[str, tuple[list[ScorableTalent], FusedSpace]] = {}
+    rows = {}
+    header = (
+        f"{'set':16} {'tasks':>5} {'served':>6} {'recall':>6} {'bm25':>6} {'cos':>6} {'gap':>6}"
+        f" {'capped':>6} {'R@1':>5} {'R@3':>5} {'R@5':>5} {'R@10':>5} {'bR@5':>5}"
+        f" {'gated':>6} {'off/60':>6}"
+    )
+    print(f"model {args.model}, {params}")
+    print(header)
+    for dataset in all_sets():
+        if wanted and dataset.name not in wanted:
+            continue
+        if dataset.catalogue not in spaces:
+            talents = candidates(dataset)
+            quantile = GATE_QUANTILE if args.gate_quantile is None else args.gate_quantile
+            spaces[dataset.catalogue] = (talents, fused_space(talents, vectors, quantile))
+        talents, space = spaces[dataset.catalogue]
+        f = evaluate(dataset, talents, space, vectors, params, off)
+        rows[dataset.name] = f
+        print(
+            f"{dataset.name:16} {f['tasks']:>5.0f} {f['served']:>6.2f} {f['recall']:>6.3f}"
+            f" {f['bm25']:>6.3f} {f['cosine']:>6.3f} {100 * (f['recall'] - f['bm25']):>+6.1f}"
+            f" {f['capped']:>6.1%} {f['R@1']:>5.3f} {f['R@3']:>5.3f} {f['R@5']:>5.3f}"
+            f" {f['R@10']:>5.3f} {f['bm25 R@5']:>5.3f} {f['gated']:>6.1%} {f['off']:>6.0f}",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
