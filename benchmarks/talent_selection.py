@@ -1,6 +1,6 @@
 """Talent selection with the server's defaults, per catalogue, beside BM25 and cosine.
 
-    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b]
+    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b] [--gate-sweep]
 
 Runs the server's own selection (`satchel.server.domain.talent_selection.select` over a
 `FusedSpace` calibrated with the shipped unrelated tasks, as `TalentService` builds it) on every
@@ -15,6 +15,9 @@ set it prints:
 - R@1/3/5/10 of the fused ranking, and of BM25;
 - gated: real tasks that got nothing (out of domain); off: of the 60 unrelated tasks of
   off_domain.json, how many got a talent (and per 20).
+
+`--gate-sweep` also prints the gate's trade-off over the set: unrelated tasks served per 20 and
+real tasks gated, by the level's quantile and the contrast for English tasks.
 
 Vectors are cached under $TMPDIR/satchel-catalogues (the first run embeds every catalogue: ~10
 minutes on 2 cores per model).
@@ -41,6 +44,7 @@ from vectors import Vectors  # noqa: E402
 from satchel.server.config import TalentSettings  # noqa: E402
 from satchel.server.domain.talent_fusion import (  # noqa: E402
     GATE_QUANTILE,
+    SIMILARITY_GATE_MIN,
     FusedSpace,
     merged_scores,
     sub_intents,
@@ -52,7 +56,7 @@ from satchel.server.domain.talent_selection import (  # noqa: E402
     select,
     stems,
 )
-from satchel.server.domain.talent_terms import task_terms  # noqa: E402
+from satchel.server.domain.talent_terms import is_english, task_terms  # noqa: E402
 from satchel.server.talents import default_params, unrelated_tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)
@@ -127,6 +131,59 @@ def evaluate(
     return means
 
 
+SWEEP = [(q, None) for q in (0.5, 0.6, 0.7, 0.9, 0.95)] + [
+    (q, c) for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)
+]
+
+
+def gate_figures(
+    talents: list[ScorableTalent], space: FusedSpace, vectors: Vectors, texts: list[str]
+) -> np.ndarray:
+    """Per task: best similarity to a talent, to the nearest shipped unrelated request, and
+    whether it is English (the contrast's condition)."""
+    queries = vectors.queries(texts)
+    unrelated = space.unrelated if space.unrelated is not None else np.zeros((1, queries.shape[1]))
+    rows = []
+    for text, query in zip(texts, queries, strict=True):
+        unit = query / np.linalg.norm(query)
+        best = space.evidence(query, []).best_similarity
+        rows.append((best, float((unrelated @ unit).max()), float(is_english(text))))
+    return np.array(rows)
+
+
+def calibration_best(space: FusedSpace) -> np.ndarray:
+    """The best similarity of each shipped unrelated request on this catalogue."""
+    assert space.unrelated is not None
+    return np.maximum(space.unrelated @ space.short.T, space.unrelated @ space.full.T).max(axis=1)
+
+
+def admitted(x: np.ndarray, level: float, contrast: float | None) -> np.ndarray:
+    """Which tasks (rows of `gate_figures`) a gate at `level` with `contrast` lets through."""
+    passes = x[:, 0] >= level
+    if contrast is None:
+        return passes
+    return passes & ((x[:, 2] == 0) | (x[:, 0] - x[:, 1] > contrast))
+
+
+def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """The gate's trade-off over (level quantile, contrast for English tasks)."""
+    print("\n| level | contrast | unrelated served per 20 (mean / worst) |", end="")
+    print(" real gated (mean / worst) |")
+    print("|---|---|---|---|")
+    for quantile, contrast in SWEEP:
+        served, gated = [], []
+        for calibration, off, real in rows.values():
+            level = max(float(np.quantile(calibration, quantile)), SIMILARITY_GATE_MIN)
+            served.append(admitted(off, level, contrast).sum() * 20 / len(off))
+            gated.append(1 - admitted(real, level, contrast).mean())
+        print(
+            f"| {quantile} | {'none' if contrast is None else contrast} |"
+            f" {np.mean(served):.1f} / {max(served):.1f} |"
+            f" {100 * np.mean(gated):.1f} % / {100 * max(gated):.1f} % |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm", choices=("minilm", "e5"))
@@ -135,6 +192,9 @@ def main() -> None:
     parser.add_argument("--max-served", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--gate-quantile", type=float, default=None)
+    parser.add_argument(
+        "--gate-sweep", action="store_true", help="also print the gate's trade-off table"
+    )
     args = parser.parse_args()
     vectors = Vectors(args.model)
     params = default_params(TalentSettings(), vectors.embedder.model_id)
@@ -145,6 +205,7 @@ def main() -> None:
     wanted = {name for name in args.sets.split(",") if name}
     off = [t.text for t in off_domain()]
     spaces: dict[str, tuple[list[ScorableTalent], FusedSpace]] = {}
+    gates: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     rows = {}
     header = (
         f"{'set':16} {'tasks':>5} {'served':>6} {'recall':>6} {'bm25':>6} {'cos':>6} {'gap':>6}"
@@ -161,6 +222,13 @@ def main() -> None:
             quantile = GATE_QUANTILE if args.gate_quantile is None else args.gate_quantile
             spaces[dataset.catalogue] = (talents, fused_space(talents, vectors, quantile))
         talents, space = spaces[dataset.catalogue]
+        if args.gate_sweep:
+            real = [t.text for t in dataset.tasks if t.gold]
+            gates[dataset.name] = (
+                calibration_best(space),
+                gate_figures(talents, space, vectors, off),
+                gate_figures(talents, space, vectors, real),
+            )
         f = evaluate(dataset, talents, space, vectors, params, off)
         rows[dataset.name] = f
         print(
@@ -170,6 +238,8 @@ def main() -> None:
             f" {f['R@10']:>5.3f} {f['bm25 R@5']:>5.3f} {f['gated']:>6.1%} {f['off']:>6.0f}",
             flush=True,
         )
+    if args.gate_sweep:
+        sweep(gates)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -7,7 +7,9 @@
 -- Every ResolveTalents call checks that its in-memory copy of the project's active talents is
 -- current. It read a digest of the whole active set (every activation joined with its talent,
 -- sorted, aggregated, hashed): O(active talents) per call, 3-4 ms at 1,000 talents, 40 ms at
--- 10,000. A version row per project, moved by triggers, is one index lookup.
+-- 10,000. Two version rows, moved by triggers, replace it: one per project for its activations
+-- (distributed by project, as talent_activations), one for the shared catalogue (a reference
+-- table, as talents: any upsert moves it).
 SET lock_timeout = '10s';
 
 ALTER TABLE talents ADD COLUMN input_schema text NOT NULL DEFAULT '';
@@ -23,24 +25,22 @@ INSERT INTO talent_project_versions (project_id, version)
 SELECT project_id, nextval('talent_version_seq')
 FROM (SELECT DISTINCT project_id FROM talent_activations) AS projects;
 
--- Give a project's active set a new version.
-CREATE FUNCTION satchel_move_talent_version(project text) RETURNS void
-    LANGUAGE sql AS $$
-        INSERT INTO talent_project_versions (project_id, version)
-        VALUES (project, nextval('talent_version_seq'))
-        ON CONFLICT (project_id) DO UPDATE SET version = EXCLUDED.version
-    $$;
+CREATE TABLE talent_catalogue_version (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version   bigint NOT NULL
+);
 
--- An activation turned on or off (or removed) moves its project's version.
+INSERT INTO talent_catalogue_version (version) VALUES (nextval('talent_version_seq'));
+
+-- An activation turned on or off (or removed) gives its project's active set a new version.
 CREATE FUNCTION satchel_talent_activation_moved() RETURNS trigger
     LANGUAGE plpgsql AS $$
+    DECLARE
+        project text := CASE WHEN TG_OP = 'DELETE' THEN OLD.project_id ELSE NEW.project_id END;
     BEGIN
-        IF TG_OP <> 'INSERT' THEN
-            PERFORM satchel_move_talent_version(OLD.project_id);
-        END IF;
-        IF TG_OP <> 'DELETE' THEN
-            PERFORM satchel_move_talent_version(NEW.project_id);
-        END IF;
+        INSERT INTO talent_project_versions (project_id, version)
+        VALUES (project, nextval('talent_version_seq'))
+        ON CONFLICT (project_id) DO UPDATE SET version = EXCLUDED.version;
         RETURN NULL;
     END
     $$;
@@ -49,18 +49,16 @@ CREATE TRIGGER talent_activations_move_version
     AFTER INSERT OR UPDATE OR DELETE ON talent_activations
     FOR EACH ROW EXECUTE FUNCTION satchel_talent_activation_moved();
 
--- A talent replaced (content, roles, edges: an upsert updates its row) or removed moves the
--- version of every project where it is active.
-CREATE FUNCTION satchel_talent_moved() RETURNS trigger
+-- A talent created, replaced (content, roles, edges: an upsert updates its row) or removed gives
+-- the catalogue a new version.
+CREATE FUNCTION satchel_talent_catalogue_moved() RETURNS trigger
     LANGUAGE plpgsql AS $$
     BEGIN
-        PERFORM satchel_move_talent_version(a.project_id)
-        FROM talent_activations a
-        WHERE a.talent_id = OLD.id AND a.active;
+        UPDATE talent_catalogue_version SET version = nextval('talent_version_seq');
         RETURN NULL;
     END
     $$;
 
-CREATE TRIGGER talents_move_version
-    AFTER UPDATE OR DELETE ON talents
-    FOR EACH ROW EXECUTE FUNCTION satchel_talent_moved();
+CREATE TRIGGER talents_move_catalogue_version
+    AFTER INSERT OR UPDATE OR DELETE ON talents
+    FOR EACH STATEMENT EXECUTE FUNCTION satchel_talent_catalogue_moved();

@@ -165,7 +165,7 @@ class TalentSettings:
     scoring: str = ""
     text_weight: float = 0.3
     max_served: int | None = None
-    gate_quantile: float = 0.8
+    gate_quantile: float = 0.75
 
 
 @dataclass(frozen=True)

@@ -323,7 +323,7 @@ async def test_talents_resolve_and_doctor_through_the_sdk(address: str, project_
     assert [(r[0], r[1], r[-1].split(" (")[0]) for r in rows] == [
         (t["talent_id"], outcome, t["reason"]) for outcome, t in decided
     ]
-    assert "relevance embeddings  floor" in human and "## SQL performance" in human
+    assert "relevance embeddings  gate" in human and "## SQL performance" in human
     doctor_text = await satchel("doctor", "--project", project_id, "--address", address)
     assert doctor_text.returncode == 0, doctor_text.stderr
     assert doctor_text.stdout.splitlines() == [

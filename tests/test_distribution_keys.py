@@ -54,6 +54,7 @@ DISTRIBUTED = frozenset(
         "scope_versions",
         "talent_activations",
         "talent_project_roles",
+        "talent_project_versions",
     }
 )
 # Small tables every node holds whole: `create_reference_table(t)`.
@@ -63,6 +64,7 @@ REFERENCE = {
     "talents": "one catalogue shared by every project",
     "talent_edges": "the catalogue's requires/includes/recommends",
     "talent_embeddings": "a cache keyed by text hash, shared by every project",
+    "talent_catalogue_version": "one row: the catalogue's version, moved by every upsert",
     "trace_partitions": "the days the trace tables are partitioned into",
     "scope_indexes": "which scopes have indexes of their own (a few dozen rows)",
 }

@@ -184,9 +184,9 @@ async def test_a_context_call_end_to_end_with_mpnet(
     from test_context import CAROLINE, assemble, assert_facts, trace_of
 
     from satchel.server.app import SatchelServer
-    from satchel.server.config import recall_floor
+    from satchel.server.config import TalentSettings, recall_floor
     from satchel.server.domain.talent_selection import Scoring
-    from satchel.server.talents import default_scoring, model_defaults
+    from satchel.server.talents import default_params, model_defaults
     from satchel.v1 import context_pb2 as pb
 
     server = SatchelServer(replace(settings, database_url=mpnet_database, embed_model=MPNET))
@@ -197,7 +197,8 @@ async def test_a_context_call_end_to_end_with_mpnet(
         floor = recall_floor(runtime.settings.context, runtime.embedder.model_id)
         assert floor == 0.79
         assert model_defaults(runtime.embedder.model_id) == (0.16, 0.12, 0.30)
-        assert default_scoring(runtime.embedder.model_id) == Scoring.HYBRID
+        defaults = default_params(TalentSettings(), runtime.embedder.model_id)
+        assert defaults.scoring == Scoring.FUSED
         assert model_defaults(runtime.embedder.model_id, Scoring.HYBRID) == (0.22, 0.12, 0.30)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             await assert_facts(channel, project_id, CAROLINE)

@@ -172,7 +172,7 @@ async def test_the_client_wheel_alone_in_a_fresh_venv_calls_the_server(
     seen = json.loads(out)
     assert seen["health"] == "SERVING" and seen["async_health"] == "SERVING"
     assert seen["facts"] == 1 and seen["served"] == ["Ana lives in Oslo"] and seen["block"]
-    assert seen["trace"] and seen["reads"] == 8
+    assert seen["trace"] and seen["reads"] == 9
     assert seen["namespace"] is None  # alone, `satchel` is a namespace package
 
     # beside it, the server's wheel (its own dependencies left out: only the files matter)

@@ -24,6 +24,7 @@ from talent_helpers import (
 )
 
 from satchel.server.config import Settings
+from satchel.server.domain.talent_fusion import CONTRAST
 from satchel.server.domain.talent_selection import Scoring
 from satchel.server.talents import model_defaults, unrelated_tasks
 from satchel.v1 import talent_pb2, talent_pb2_grpc
@@ -519,10 +520,13 @@ async def test_off_domain_task_is_gated(channel: grpc.aio.Channel, project_id: s
     gate = selection.gate
     assert gate.calibration_tasks == len(unrelated_tasks()) >= 100
     assert max(t.similarity for t in selection.excluded) == pytest.approx(gate.best_similarity)
-    assert gate.best_similarity < gate.similarity_threshold
+    assert gate.HasField("unrelated_similarity")  # an English task: the contrast applied
+    below = gate.best_similarity < gate.similarity_threshold
+    assert below or gate.best_similarity - gate.unrelated_similarity <= CONTRAST
     assert selection.params.floor == 0.0  # calibrated, not configured
     assert selection.note.startswith("no specific talent for this task (best similarity")
-    assert f"{gate.similarity_threshold:.2f}" in selection.note
+    why = f"{gate.similarity_threshold:.2f}" if below else "a request that needs no talent"
+    assert why in selection.note
     assert "No specific talent for this task." in selection.compiled
     assert selection.tokens_selected == 0 and selection.tokens_candidates > 0
 
@@ -531,9 +535,10 @@ async def test_off_domain_task_is_gated(channel: grpc.aio.Channel, project_id: s
     assert served.gate.similarity_threshold == gate.similarity_threshold  # one per catalogue
     assert served.gate.best_similarity >= served.gate.similarity_threshold
 
-    # The request's floor replaces the calibrated threshold.
+    # The request's floor replaces the calibrated gate.
     forced = await resolve(talents, project_id, "What is a good recipe for banana bread?", floor=-1)
     assert not forced.out_of_domain and forced.gate.similarity_threshold == -1.0
+    assert not forced.gate.HasField("unrelated_similarity")
 
 
 async def test_a_shared_stem_opens_the_hybrid_gate(

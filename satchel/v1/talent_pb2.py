@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/talent.proto\x12\nsatchel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x02\n\x06Talent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x10\n\x08triggers\x18\x06 \x03(\t\x12\x12\n\ntask_types\x18\x07 \x03(\t\x12\r\n\x05roles\x18\x08 \x03(\t\x12\x10\n\x08requires\x18\t \x03(\t\x12\x10\n\x08includes\x18\n \x03(\t\x12\x12\n\nrecommends\x18\x0b \x03(\t\x12.\n\nupdated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06pinned\x18\r \x01(\x08\x12\x14\n\x0cinput_schema\x18\x0e \x01(\t\"\xaf\x01\n\x0eSelectedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nsimilarity\x18\x04 \x01(\x01\x12\x11\n\tstem_hits\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xaf\x01\n\x0e\x45xcludedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\x12\x11\n\tstem_hits\x18\x06 \x01(\x05\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xfa\x02\n\x0fTalentSelection\x12,\n\x08selected\x18\x01 \x03(\x0b\x32\x1a.satchel.v1.SelectedTalent\x12,\n\x08\x65xcluded\x18\x02 \x03(\x0b\x32\x1a.satchel.v1.ExcludedTalent\x12\x15\n\rout_of_domain\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x10\n\x08\x63ompiled\x18\x05 \x01(\t\x12\x17\n\x0ftokens_selected\x18\x06 \x01(\x05\x12\x19\n\x11tokens_candidates\x18\x07 \x01(\x05\x12,\n\trelevance\x18\x08 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x31\n\x06params\x18\t \x01(\x0b\x32!.satchel.v1.TalentSelectionParams\x12$\n\x04gate\x18\n \x01(\x0b\x32\x16.satchel.v1.TalentGate\x12\x19\n\x11\x65xcluded_unlisted\x18\x0b \x01(\x05\"^\n\nTalentGate\x12\x17\n\x0f\x62\x65st_similarity\x18\x01 \x01(\x01\x12\x1c\n\x14similarity_threshold\x18\x02 \x01(\x01\x12\x19\n\x11\x63\x61libration_tasks\x18\x03 \x01(\x05\"\x95\x01\n\x15TalentSelectionParams\x12\r\n\x05\x66loor\x18\x01 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x01\x12\x0e\n\x06margin\x18\x03 \x01(\x01\x12\x15\n\rbudget_tokens\x18\x04 \x01(\x05\x12\x0f\n\x07scoring\x18\x05 \x01(\t\x12\x13\n\x0btext_weight\x18\x06 \x01(\x01\x12\x12\n\nmax_served\x18\x07 \x01(\x05\"C\n\x10\x44iagnosisFinding\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"9\n\x13UpsertTalentRequest\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\"f\n\x14UpsertTalentResponse\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x03 \x01(\t\"d\n\x12ListTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"n\n\x13ListTalentsResponse\x12#\n\x07talents\x18\x01 \x03(\x0b\x32\x12.satchel.v1.Talent\x12\x19\n\x11\x61\x63tive_talent_ids\x18\x02 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"S\n\x1aSetTalentActivationRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"o\n\x1bSetTalentActivationResponse\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x04 \x01(\t\"\xa5\x02\n\x15ResolveTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12,\n\trelevance\x18\x04 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x1a\n\rbudget_tokens\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05\x66loor\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04\x62\x65ta\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x13\n\x06margin\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12\x17\n\nmax_served\x18\t \x01(\x05H\x04\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x08\n\x06_floorB\x07\n\x05_betaB\t\n\x07_marginB\r\n\x0b_max_served\"H\n\x16ResolveTalentsResponse\x12.\n\tselection\x18\x01 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection\";\n\x16\x44iagnoseProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\"^\n\x17\x44iagnoseProjectResponse\x12.\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x1c.satchel.v1.DiagnosisFinding\x12\x13\n\x0broles_known\x18\x02 \x03(\t\"\x9a\x01\n\x12SearchToolsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmax_served\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\r\n\x0b_max_served\"\x8b\x01\n\tToolMatch\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0cinput_schema\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x13\n\x0brequired_by\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"\x9c\x01\n\x13SearchToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.satchel.v1.ToolMatch\x12\x11\n\tnone_fits\x18\x02 \x01(\x08\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x0e\n\x06tokens\x18\x04 \x01(\x05\x12.\n\tselection\x18\x05 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection*f\n\rRelevanceMode\x12\x1e\n\x1aRELEVANCE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12RELEVANCE_MODE_OFF\x10\x01\x12\x1d\n\x19RELEVANCE_MODE_EMBEDDINGS\x10\x02\x32\x9f\x04\n\rTalentService\x12Q\n\x0cUpsertTalent\x12\x1f.satchel.v1.UpsertTalentRequest\x1a .satchel.v1.UpsertTalentResponse\x12N\n\x0bListTalents\x12\x1e.satchel.v1.ListTalentsRequest\x1a\x1f.satchel.v1.ListTalentsResponse\x12\x66\n\x13SetTalentActivation\x12&.satchel.v1.SetTalentActivationRequest\x1a\'.satchel.v1.SetTalentActivationResponse\x12W\n\x0eResolveTalents\x12!.satchel.v1.ResolveTalentsRequest\x1a\".satchel.v1.ResolveTalentsResponse\x12Z\n\x0f\x44iagnoseProject\x12\".satchel.v1.DiagnoseProjectRequest\x1a#.satchel.v1.DiagnoseProjectResponse\x12N\n\x0bSearchTools\x12\x1e.satchel.v1.SearchToolsRequest\x1a\x1f.satchel.v1.SearchToolsResponseBQ\n\x0e\x64\x65v.satchel.v1B\x0bTalentProtoP\x01Z#satchel.dev/go/satchel/v1;satchelv1\xaa\x02\nSatchel.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17satchel/v1/talent.proto\x12\nsatchel.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x02\n\x06Talent\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07summary\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x10\n\x08triggers\x18\x06 \x03(\t\x12\x12\n\ntask_types\x18\x07 \x03(\t\x12\r\n\x05roles\x18\x08 \x03(\t\x12\x10\n\x08requires\x18\t \x03(\t\x12\x10\n\x08includes\x18\n \x03(\t\x12\x12\n\nrecommends\x18\x0b \x03(\t\x12.\n\nupdated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06pinned\x18\r \x01(\x08\x12\x14\n\x0cinput_schema\x18\x0e \x01(\t\"\xaf\x01\n\x0eSelectedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x12\n\nsimilarity\x18\x04 \x01(\x01\x12\x11\n\tstem_hits\x18\x05 \x01(\x05\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xaf\x01\n\x0e\x45xcludedTalent\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x12\n\nsimilarity\x18\x05 \x01(\x01\x12\x11\n\tstem_hits\x18\x06 \x01(\x05\x12\x0e\n\x06tokens\x18\x07 \x01(\x05\x12\x13\n\x0brequired_by\x18\x08 \x01(\t\x12\x11\n\ttext_rank\x18\t \x01(\x01\"\xfa\x02\n\x0fTalentSelection\x12,\n\x08selected\x18\x01 \x03(\x0b\x32\x1a.satchel.v1.SelectedTalent\x12,\n\x08\x65xcluded\x18\x02 \x03(\x0b\x32\x1a.satchel.v1.ExcludedTalent\x12\x15\n\rout_of_domain\x18\x03 \x01(\x08\x12\x0c\n\x04note\x18\x04 \x01(\t\x12\x10\n\x08\x63ompiled\x18\x05 \x01(\t\x12\x17\n\x0ftokens_selected\x18\x06 \x01(\x05\x12\x19\n\x11tokens_candidates\x18\x07 \x01(\x05\x12,\n\trelevance\x18\x08 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x31\n\x06params\x18\t \x01(\x0b\x32!.satchel.v1.TalentSelectionParams\x12$\n\x04gate\x18\n \x01(\x0b\x32\x16.satchel.v1.TalentGate\x12\x19\n\x11\x65xcluded_unlisted\x18\x0b \x01(\x05\"\x9a\x01\n\nTalentGate\x12\x17\n\x0f\x62\x65st_similarity\x18\x01 \x01(\x01\x12\x1c\n\x14similarity_threshold\x18\x02 \x01(\x01\x12\x19\n\x11\x63\x61libration_tasks\x18\x03 \x01(\x05\x12!\n\x14unrelated_similarity\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x17\n\x15_unrelated_similarity\"\x95\x01\n\x15TalentSelectionParams\x12\r\n\x05\x66loor\x18\x01 \x01(\x01\x12\x0c\n\x04\x62\x65ta\x18\x02 \x01(\x01\x12\x0e\n\x06margin\x18\x03 \x01(\x01\x12\x15\n\rbudget_tokens\x18\x04 \x01(\x05\x12\x0f\n\x07scoring\x18\x05 \x01(\t\x12\x13\n\x0btext_weight\x18\x06 \x01(\x01\x12\x12\n\nmax_served\x18\x07 \x01(\x05\"C\n\x10\x44iagnosisFinding\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"9\n\x13UpsertTalentRequest\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\"f\n\x14UpsertTalentResponse\x12\"\n\x06talent\x18\x01 \x01(\x0b\x32\x12.satchel.v1.Talent\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x03 \x01(\t\"d\n\x12ListTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61\x63tive_only\x18\x02 \x01(\x08\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"n\n\x13ListTalentsResponse\x12#\n\x07talents\x18\x01 \x03(\x0b\x32\x12.satchel.v1.Talent\x12\x19\n\x11\x61\x63tive_talent_ids\x18\x02 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"S\n\x1aSetTalentActivationRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\"o\n\x1bSetTalentActivationResponse\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x11\n\ttalent_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12\x19\n\x11\x63onsistency_token\x18\x04 \x01(\t\"\xa5\x02\n\x15ResolveTalentsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12,\n\trelevance\x18\x04 \x01(\x0e\x32\x19.satchel.v1.RelevanceMode\x12\x1a\n\rbudget_tokens\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\x05\x66loor\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04\x62\x65ta\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x13\n\x06margin\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12\x17\n\nmax_served\x18\t \x01(\x05H\x04\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\x08\n\x06_floorB\x07\n\x05_betaB\t\n\x07_marginB\r\n\x0b_max_served\"H\n\x16ResolveTalentsResponse\x12.\n\tselection\x18\x01 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection\";\n\x16\x44iagnoseProjectRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\r\n\x05roles\x18\x02 \x03(\t\"^\n\x17\x44iagnoseProjectResponse\x12.\n\x08\x66indings\x18\x01 \x03(\x0b\x32\x1c.satchel.v1.DiagnosisFinding\x12\x13\n\x0broles_known\x18\x02 \x03(\t\"\x9a\x01\n\x12SearchToolsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x1a\n\rbudget_tokens\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmax_served\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x10\n\x0e_budget_tokensB\r\n\x0b_max_served\"\x8b\x01\n\tToolMatch\x12\x11\n\ttalent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x14\n\x0cinput_schema\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x13\n\x0brequired_by\x18\x06 \x01(\t\x12\r\n\x05score\x18\x07 \x01(\x01\"\x9c\x01\n\x13SearchToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.satchel.v1.ToolMatch\x12\x11\n\tnone_fits\x18\x02 \x01(\x08\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x0e\n\x06tokens\x18\x04 \x01(\x05\x12.\n\tselection\x18\x05 \x01(\x0b\x32\x1b.satchel.v1.TalentSelection*f\n\rRelevanceMode\x12\x1e\n\x1aRELEVANCE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12RELEVANCE_MODE_OFF\x10\x01\x12\x1d\n\x19RELEVANCE_MODE_EMBEDDINGS\x10\x02\x32\x9f\x04\n\rTalentService\x12Q\n\x0cUpsertTalent\x12\x1f.satchel.v1.UpsertTalentRequest\x1a .satchel.v1.UpsertTalentResponse\x12N\n\x0bListTalents\x12\x1e.satchel.v1.ListTalentsRequest\x1a\x1f.satchel.v1.ListTalentsResponse\x12\x66\n\x13SetTalentActivation\x12&.satchel.v1.SetTalentActivationRequest\x1a\'.satchel.v1.SetTalentActivationResponse\x12W\n\x0eResolveTalents\x12!.satchel.v1.ResolveTalentsRequest\x1a\".satchel.v1.ResolveTalentsResponse\x12Z\n\x0f\x44iagnoseProject\x12\".satchel.v1.DiagnoseProjectRequest\x1a#.satchel.v1.DiagnoseProjectResponse\x12N\n\x0bSearchTools\x12\x1e.satchel.v1.SearchToolsRequest\x1a\x1f.satchel.v1.SearchToolsResponseBQ\n\x0e\x64\x65v.satchel.v1B\x0bTalentProtoP\x01Z#satchel.dev/go/satchel/v1;satchelv1\xaa\x02\nSatchel.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'satchel.v1.talent_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016dev.satchel.v1B\013TalentProtoP\001Z#satchel.dev/go/satchel/v1;satchelv1\252\002\nSatchel.V1'
-  _globals['_RELEVANCEMODE']._serialized_start=2963
-  _globals['_RELEVANCEMODE']._serialized_end=3065
+  _globals['_RELEVANCEMODE']._serialized_start=3024
+  _globals['_RELEVANCEMODE']._serialized_end=3126
   _globals['_TALENT']._serialized_start=73
   _globals['_TALENT']._serialized_end=347
   _globals['_SELECTEDTALENT']._serialized_start=350
@@ -43,38 +43,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXCLUDEDTALENT']._serialized_end=703
   _globals['_TALENTSELECTION']._serialized_start=706
   _globals['_TALENTSELECTION']._serialized_end=1084
-  _globals['_TALENTGATE']._serialized_start=1086
-  _globals['_TALENTGATE']._serialized_end=1180
-  _globals['_TALENTSELECTIONPARAMS']._serialized_start=1183
-  _globals['_TALENTSELECTIONPARAMS']._serialized_end=1332
-  _globals['_DIAGNOSISFINDING']._serialized_start=1334
-  _globals['_DIAGNOSISFINDING']._serialized_end=1401
-  _globals['_UPSERTTALENTREQUEST']._serialized_start=1403
-  _globals['_UPSERTTALENTREQUEST']._serialized_end=1460
-  _globals['_UPSERTTALENTRESPONSE']._serialized_start=1462
-  _globals['_UPSERTTALENTRESPONSE']._serialized_end=1564
-  _globals['_LISTTALENTSREQUEST']._serialized_start=1566
-  _globals['_LISTTALENTSREQUEST']._serialized_end=1666
-  _globals['_LISTTALENTSRESPONSE']._serialized_start=1668
-  _globals['_LISTTALENTSRESPONSE']._serialized_end=1778
-  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_start=1780
-  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_end=1863
-  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_start=1865
-  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_end=1976
-  _globals['_RESOLVETALENTSREQUEST']._serialized_start=1979
-  _globals['_RESOLVETALENTSREQUEST']._serialized_end=2272
-  _globals['_RESOLVETALENTSRESPONSE']._serialized_start=2274
-  _globals['_RESOLVETALENTSRESPONSE']._serialized_end=2346
-  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_start=2348
-  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_end=2407
-  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_start=2409
-  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_end=2503
-  _globals['_SEARCHTOOLSREQUEST']._serialized_start=2506
-  _globals['_SEARCHTOOLSREQUEST']._serialized_end=2660
-  _globals['_TOOLMATCH']._serialized_start=2663
-  _globals['_TOOLMATCH']._serialized_end=2802
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=2805
-  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=2961
-  _globals['_TALENTSERVICE']._serialized_start=3068
-  _globals['_TALENTSERVICE']._serialized_end=3611
+  _globals['_TALENTGATE']._serialized_start=1087
+  _globals['_TALENTGATE']._serialized_end=1241
+  _globals['_TALENTSELECTIONPARAMS']._serialized_start=1244
+  _globals['_TALENTSELECTIONPARAMS']._serialized_end=1393
+  _globals['_DIAGNOSISFINDING']._serialized_start=1395
+  _globals['_DIAGNOSISFINDING']._serialized_end=1462
+  _globals['_UPSERTTALENTREQUEST']._serialized_start=1464
+  _globals['_UPSERTTALENTREQUEST']._serialized_end=1521
+  _globals['_UPSERTTALENTRESPONSE']._serialized_start=1523
+  _globals['_UPSERTTALENTRESPONSE']._serialized_end=1625
+  _globals['_LISTTALENTSREQUEST']._serialized_start=1627
+  _globals['_LISTTALENTSREQUEST']._serialized_end=1727
+  _globals['_LISTTALENTSRESPONSE']._serialized_start=1729
+  _globals['_LISTTALENTSRESPONSE']._serialized_end=1839
+  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_start=1841
+  _globals['_SETTALENTACTIVATIONREQUEST']._serialized_end=1924
+  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_start=1926
+  _globals['_SETTALENTACTIVATIONRESPONSE']._serialized_end=2037
+  _globals['_RESOLVETALENTSREQUEST']._serialized_start=2040
+  _globals['_RESOLVETALENTSREQUEST']._serialized_end=2333
+  _globals['_RESOLVETALENTSRESPONSE']._serialized_start=2335
+  _globals['_RESOLVETALENTSRESPONSE']._serialized_end=2407
+  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_start=2409
+  _globals['_DIAGNOSEPROJECTREQUEST']._serialized_end=2468
+  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_start=2470
+  _globals['_DIAGNOSEPROJECTRESPONSE']._serialized_end=2564
+  _globals['_SEARCHTOOLSREQUEST']._serialized_start=2567
+  _globals['_SEARCHTOOLSREQUEST']._serialized_end=2721
+  _globals['_TOOLMATCH']._serialized_start=2724
+  _globals['_TOOLMATCH']._serialized_end=2863
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_start=2866
+  _globals['_SEARCHTOOLSRESPONSE']._serialized_end=3022
+  _globals['_TALENTSERVICE']._serialized_start=3129
+  _globals['_TALENTSERVICE']._serialized_end=3672
 # @@protoc_insertion_point(module_scope)

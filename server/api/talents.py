@@ -221,6 +221,7 @@ def _gate(report: GateReport | None) -> talent_pb2.TalentGate | None:
         best_similarity=report.best_similarity,
         similarity_threshold=report.gate.similarity,
         calibration_tasks=report.gate.calibration_tasks,
+        unrelated_similarity=report.unrelated_similarity,
     )
 
 

@@ -12,10 +12,11 @@ a fixed scale at every depth (benchmarks/talents.md).
 
 The out-of-domain gate is calibrated per candidate set: satchel ships 180 requests that need no
 talent (chit-chat, general knowledge, creative writing, in six languages, `unrelated_tasks.json`);
-a task passes when its best similarity to a candidate reaches what the most talent-like fifth of
-those reach on this catalogue (their 80th percentile). A fixed floor cannot do this: the best of
-hundreds of cosines is high for any task on a broad catalogue, and the right floor differs by
-catalogue and model. Why it abstained is reported with both figures.
+a task passes when its best similarity to a candidate reaches what the most talent-like quarter
+of those reach on this catalogue (their 75th percentile) and, for an English task, when it is
+closer to that candidate than to the nearest of those requests. A fixed floor cannot do this:
+the best of hundreds of cosines is high for any task on a broad catalogue, and the right floor
+differs by catalogue and model. Why it abstained is reported with the figures.
 
 How many talents to serve follows the evidence: those within `margin` (z units) of the best, so a
 clear winner stands alone and a task that several talents fit gets several; `max_served` and the
@@ -36,11 +37,18 @@ from .talent_terms import CJK_CHARACTER
 LEXICAL_WEIGHT = 1.0
 """The weight of BM25F's z-score beside the two cosines' (1.0 measured best on the DEV sets)."""
 
-GATE_QUANTILE = 0.8
+GATE_QUANTILE = 0.75
 """The gate sits at this quantile of the best similarities the shipped unrelated tasks reach on
 the catalogue (SATCHEL_TALENT_GATE_QUANTILE): higher lets fewer unrelated tasks through and gates
 more real ones (the trade-off curve is in benchmarks/talents.md). Not 1.0: on a broad catalogue
 some of the shipped requests do match a tool ("the history of chess" and a chess tool)."""
+
+CONTRAST = -0.05
+"""An English task must also be closer to its best talent than to the nearest shipped unrelated
+request, give or take this much: "Why do cats purr?" is nearer "Why is the sky blue?" than any
+tool, though a broad catalogue's best tool may pass the level. Only English tasks: the bundled
+MiniLM reads other languages too poorly (it gated 30-55 % of French and Chinese real tasks);
+measured in benchmarks/talents.md."""
 
 SIMILARITY_GATE_MIN = 0.15
 """The gate never sits below this, whatever the calibration says."""
@@ -70,38 +78,53 @@ contributes nothing to the fused score."""
 @dataclass(frozen=True)
 class Gate:
     """The out-of-domain gate of one candidate set: a task passes when its best similarity
-    reaches `similarity`. `calibration_tasks`: how many unrelated tasks set it (0: not
-    calibrated, SIMILARITY_GATE_MIN alone)."""
+    reaches `similarity` and, for an English task, exceeds its similarity to the nearest shipped
+    unrelated request by more than `contrast` (None: no contrast). `calibration_tasks`: how many
+    unrelated tasks set it (0: not calibrated, SIMILARITY_GATE_MIN alone)."""
 
     similarity: float
     calibration_tasks: int = 0
-
-    def judge(self, evidence: Evidence) -> GateReport:
-        """The gate's verdict on a task's evidence."""
-        return GateReport(self, evidence.best_similarity)
+    contrast: float | None = None
 
 
 @dataclass(frozen=True)
 class GateReport:
-    """What the gate saw of one task: its threshold and the task's best similarity."""
+    """What the gate saw of one task: its thresholds, the task's best similarity to a
+    candidate and, when the contrast applied, to the nearest shipped unrelated request."""
 
     gate: Gate
     best_similarity: float
+    unrelated_similarity: float | None = None
+
+    @property
+    def below_level(self) -> bool:
+        return self.best_similarity < self.gate.similarity
+
+    @property
+    def nearer_unrelated(self) -> bool:
+        if self.gate.contrast is None or self.unrelated_similarity is None:
+            return False
+        return self.best_similarity - self.unrelated_similarity <= self.gate.contrast
 
     @property
     def admitted(self) -> bool:
-        return self.best_similarity >= self.gate.similarity
+        return not self.below_level and not self.nearer_unrelated
 
     def note(self) -> str:
         """Why the gate abstained, for people."""
-        calibrated = (
-            f", the level of the {self.gate.calibration_tasks} shipped unrelated tasks"
-            if self.gate.calibration_tasks
-            else ""
-        )
+        if self.below_level:
+            calibrated = (
+                f", the level of the {self.gate.calibration_tasks} shipped unrelated tasks"
+                if self.gate.calibration_tasks
+                else ""
+            )
+            return (
+                f"best similarity {self.best_similarity:.2f} below this catalogue's gate"
+                f" {self.gate.similarity:.2f}{calibrated}"
+            )
         return (
-            f"best similarity {self.best_similarity:.2f} below this catalogue's gate"
-            f" {self.gate.similarity:.2f}{calibrated}"
+            f"best similarity {self.best_similarity:.2f}, but {self.unrelated_similarity:.2f}"
+            " to a request that needs no talent"
         )
 
 
@@ -190,6 +213,7 @@ class FusedSpace:
     full: np.ndarray
     lexical: FieldIndex
     gate: Gate
+    unrelated: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -205,15 +229,24 @@ class FusedSpace:
         short, full = _unit_rows(short_vectors), _unit_rows(full_vectors)
         if not len(short) == len(full) == len(lexical):
             raise ValueError(f"{len(short)}, {len(full)} vectors for {len(lexical)} candidates")
-        space = cls(short, full, lexical, Gate(SIMILARITY_GATE_MIN))
-        if len(short) and unrelated is not None and len(unrelated):
-            vectors = _unit_rows(unrelated)
-            best = np.maximum(vectors @ short.T, vectors @ full.T).max(axis=1)
-            space = cls(short, full, lexical, calibrate(best.tolist(), quantile))
-        return space
+        if not len(short) or unrelated is None or not len(unrelated):
+            return cls(short, full, lexical, Gate(SIMILARITY_GATE_MIN))
+        vectors = _unit_rows(unrelated)
+        best = np.maximum(vectors @ short.T, vectors @ full.T).max(axis=1)
+        return cls(short, full, lexical, calibrate(best.tolist(), quantile), vectors)
 
     def __len__(self) -> int:
         return len(self.short)
+
+    def judge(self, evidence: Evidence, task_vector: np.ndarray, english: bool) -> GateReport:
+        """The gate's verdict on a task (its evidence and vector; `english`: whether the
+        contrast with the unrelated requests applies)."""
+        nearest = None
+        if english and self.unrelated is not None and self.gate.contrast is not None:
+            task = np.asarray(task_vector, dtype=np.float32).reshape(-1)
+            task = task / max(float(np.linalg.norm(task)), 1e-9)
+            nearest = float((self.unrelated @ task).max())
+        return GateReport(self.gate, evidence.best_similarity, nearest)
 
     def word_scores(self, terms: Sequence[str]) -> np.ndarray:
         """z(BM25F) over the candidates for these terms: how a sub-intent ranks them (by its
@@ -246,4 +279,6 @@ def calibrate(best_similarities: Sequence[float], quantile: float = GATE_QUANTIL
     if not 0 <= quantile <= 1:
         raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     level = float(np.quantile(best_similarities, quantile))
-    return Gate(max(level, SIMILARITY_GATE_MIN), calibration_tasks=len(best_similarities))
+    return Gate(
+        max(level, SIMILARITY_GATE_MIN), calibration_tasks=len(best_similarities), contrast=CONTRAST
+    )

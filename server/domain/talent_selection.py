@@ -42,7 +42,7 @@ import numpy as np
 
 from .talent_fusion import FusedSpace, GateReport, merged_scores, sub_intents
 from .talent_lexical import LexicalIndex, TalentFields
-from .talent_terms import task_terms
+from .talent_terms import is_english, task_terms
 
 NOTE_OUT_OF_DOMAIN = "no specific talent for this task"
 NOTE_FALLBACK = "no talent passed the cut; kept the top 3 by score"
@@ -453,10 +453,11 @@ def _select_fused(
     if len(space) != len(candidates):
         raise ValueError(f"a space of {len(space)} talents for {len(candidates)} candidates")
     evidence = space.evidence(task_vector, task_terms(task))
-    gate = space.gate if params.floor is None else replace(space.gate, similarity=params.floor)
+    if params.floor is not None:  # the request's floor replaces the calibrated gate
+        space = replace(space, gate=replace(space.gate, similarity=params.floor, contrast=None))
     parts = [space.word_scores(task_terms(part)) for part in sub_intents(task)]
     fused = merged_scores(evidence.fused, parts, params.margin)
-    report = gate.judge(evidence)
+    report = space.judge(evidence, task_vector, is_english(task))
     # Only the rows that can be served or listed are built (a catalogue may hold thousands):
     # those within the margin and the LISTED_EXCLUSIONS next; the rest are counted.
     within = int((fused >= fused.max() - params.margin).sum()) if report.admitted else 0

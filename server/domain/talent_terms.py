@@ -20,6 +20,7 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _WORD = re.compile(r"[^\W_]+")
 _CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _CJK = re.compile(f"[{_CJK_RANGES}]+")
+_ACCENTED = re.compile("[\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u00ff\u0152\u0153]")
 CJK_CHARACTER = re.compile(f"[{_CJK_RANGES}]")
 
 # Function words of the languages the stemmers below cover; never indexed nor searched.
@@ -83,6 +84,15 @@ def text_language(words: Sequence[str]) -> str:
     counts = {lang: sum(w in markers for w in words) for lang, markers in _LANGUAGE_MARKERS.items()}
     best = max(counts, key=lambda lang: (counts[lang], lang == "english"))
     return best if counts[best] > 0 else "english"
+
+
+def is_english(text: str) -> bool:
+    """Whether a text reads as English: no CJK character, no accented Latin letter (short
+    French or Spanish texts often have no function word to tell them by), and English
+    function words outnumber French, German and Spanish ones (none counts as English)."""
+    if CJK_CHARACTER.search(text) or _ACCENTED.search(text):
+        return False
+    return text_language(_words(text)) == "english"
 
 
 def _words(text: str) -> list[str]:

@@ -234,13 +234,17 @@ async def talent_refs(conn: AsyncConnection, project_id: str | None = None) -> l
 
 
 async def active_version(conn: AsyncConnection, project_id: str) -> str:
-    """The version of a project's active set: it moves whenever a talent is activated,
-    deactivated or, while active, upserted (triggers of migration 0020). One index lookup."""
+    """The version of a project's active set: it moves whenever a talent is activated or
+    deactivated on the project, or any talent of the catalogue is upserted (triggers of
+    migration 0020). Two one-row lookups."""
     cur = await conn.execute(
-        "SELECT version FROM talent_project_versions WHERE project_id = %s", (project_id,)
+        "SELECT (SELECT v.version FROM talent_project_versions v WHERE v.project_id = %s),"
+        " (SELECT c.version FROM talent_catalogue_version c)",
+        (project_id,),
     )
     row = await cur.fetchone()
-    return "0" if row is None else str(row[0])
+    assert row is not None
+    return f"{row[0] or 0}:{row[1] or 0}"
 
 
 async def cached_vectors(

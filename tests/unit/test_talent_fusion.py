@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from satchel.server.domain.talent_fusion import (
+    CONTRAST,
     GATE_QUANTILE,
     MAX_SUB_INTENTS,
     SIMILARITY_GATE_MIN,
@@ -31,7 +32,7 @@ from satchel.server.domain.talent_selection import (
     schema_text,
     select,
 )
-from satchel.server.domain.talent_terms import analyze, task_terms
+from satchel.server.domain.talent_terms import analyze, is_english, task_terms
 
 FUSED = SelectionParams(floor=None, margin=4.0, scoring=Scoring.FUSED, max_served=8)
 
@@ -61,6 +62,13 @@ def test_a_french_task_also_searches_english_stems() -> None:
     terms = task_terms("Configurer les migrations Prisma pour la base de données")
     assert "prism" in terms  # French stemming of a borrowed name
     assert "prisma" in terms  # and the English one, which an English talent has
+
+
+def test_english_is_told_from_other_languages() -> None:
+    assert is_english("Why do cats purr?") and is_english("Book a flight to Oslo")
+    assert not is_english("Quel temps fera-t-il demain à Lyon ?")  # no marker, an accent
+    assert not is_english("Wie ist das Wetter in Berlin")
+    assert not is_english("查询天气")
 
 
 def test_cjk_runs_become_bigrams() -> None:
@@ -226,10 +234,37 @@ def test_the_gate_is_calibrated_on_the_unrelated_tasks() -> None:
     assert forced.kept and forced.gate is not None and forced.gate.gate.similarity == -1.0
 
 
+def test_an_english_task_nearer_an_unrelated_request_than_any_talent_is_gated() -> None:
+    """The level alone lets a task through when its best talent is close enough; an English
+    task must also be closer to that talent than to the nearest shipped unrelated request."""
+    names = ["weather", "calendar"]
+    unrelated = [[0.6, 0, 0.8, 0]] + [[0, 0, 1, 0.1 * i] for i in range(1, 10)]
+    space = space_of([[1, 0, 0, 0], [0, 1, 0, 0]], [[1, 0, 0, 0], [0, 1, 0, 0]], names, unrelated)
+    chat = np.array([0.6, 0, 0.8, 0])  # like the first unrelated request, and the weather tool
+    evidence = space.evidence(chat, [])
+    english = space.judge(evidence, chat, english=True)
+    assert english.best_similarity >= space.gate.similarity  # the level alone would admit it
+    assert english.unrelated_similarity == pytest.approx(1.0)
+    assert english.nearer_unrelated and not english.admitted
+    assert "to a request that needs no talent" in english.note()
+    french = space.judge(evidence, chat, english=False)
+    assert french.unrelated_similarity is None and french.admitted
+    result = select(talents(names), space, chat, set(), FUSED, task="Is it warm today?")
+    assert result.out_of_domain and result.gate == english
+    # A real task is closer to its talent than to any unrelated request.
+    weather = np.array([1.0, 0, 0.1, 0])
+    assert space.judge(space.evidence(weather, []), weather, english=True).admitted
+    # A request's floor replaces the whole gate, the contrast with it.
+    forced = SelectionParams(floor=0.0, margin=4.0, scoring=Scoring.FUSED)
+    kept = select(talents(names), space, chat, set(), forced, task="Is it warm today?")
+    assert kept.kept_ids[0] == "weather" and kept.gate is not None
+    assert kept.gate.unrelated_similarity is None
+
+
 def test_calibration_never_goes_below_the_minimum() -> None:
-    assert calibrate([-0.5, -0.4, -0.3]) == Gate(SIMILARITY_GATE_MIN, calibration_tasks=3)
-    assert calibrate([0.1] * 4 + [0.9]).similarity == pytest.approx(
-        float(np.quantile([0.1] * 4 + [0.9], GATE_QUANTILE))
+    assert calibrate([-0.5, -0.4, -0.3]) == Gate(SIMILARITY_GATE_MIN, 3, contrast=CONTRAST)
+    assert calibrate([0.3] * 4 + [0.9]).similarity == pytest.approx(
+        float(np.quantile([0.3] * 4 + [0.9], GATE_QUANTILE))
     )
 
 

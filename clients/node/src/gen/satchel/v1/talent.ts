@@ -26,7 +26,7 @@ export const protobufFileName = "satchel/v1/talent.proto";
 
 /** RelevanceMode says how the task filters talents. */
 export enum RelevanceMode {
-  /** RELEVANCE_MODE_UNSPECIFIED - The server's default (SATCHEL_TALENT_RELEVANCE, `off` unless configured). */
+  /** RELEVANCE_MODE_UNSPECIFIED - The server's default (SATCHEL_TALENT_RELEVANCE, `embeddings` unless configured). */
   RELEVANCE_MODE_UNSPECIFIED = 0,
   /** RELEVANCE_MODE_OFF - Every active talent of the role; the task only orders them. */
   RELEVANCE_MODE_OFF = 1,
@@ -106,6 +106,12 @@ export interface Talent {
    * from relevance, the out-of-domain gate and the margin; its tokens count in the budget first.
    */
   pinned: boolean;
+  /**
+   * For a talent that is a tool (an MCP tool, a function): the JSON Schema of its input, as
+   * JSON text of an object (at most 64000 characters); empty for other talents. Its property
+   * names and descriptions are scored with the body; SearchTools serves it.
+   */
+  inputSchema: string;
 }
 
 /** SelectedTalent is a talent the agent receives, with why. */
@@ -115,13 +121,16 @@ export interface SelectedTalent {
   /** The talent's name. */
   name: string;
   /**
-   * The score the talent was ranked by, with relevance on: similarity + beta x stem hits
-   * (+ text_weight x text_rank in hybrid scoring); a pinned talent is never scored.
+   * The score the talent was ranked by, with relevance on: in fused scoring the sum of the
+   * z-scores (over the candidates) of its cosines with the task and of its BM25F; else
+   * similarity + beta x stem hits (+ text_weight x text_rank in hybrid scoring). A pinned
+   * talent is never scored.
    */
   score: number;
   /**
    * The cosine similarity between the task and the talent: centred in the seed's scoring,
-   * plain in hybrid scoring (see TalentSelectionParams.scoring).
+   * plain in hybrid scoring, the better of the short and full texts' in fused scoring (see
+   * TalentSelectionParams.scoring).
    */
   similarity: number;
   /** How many stems of the task the talent's tags, triggers and task types share. */
@@ -133,8 +142,9 @@ export interface SelectedTalent {
   /** With requires_closure: the selected talent whose requires/includes pulled this one in. */
   requiredBy: string;
   /**
-   * Hybrid scoring: the task's BM25 over this talent's text divided by the best candidate's,
-   * in [0, 1]; 0 in the seed's scoring.
+   * The word match: in fused scoring the task's BM25F over this talent's fields divided by the
+   * most any talent could score for the task's words; in hybrid scoring the task's BM25 over this talent's
+   * text divided by the best candidate's; in [0, 1]; 0 in the seed's scoring.
    */
   textRank: number;
 }
@@ -165,17 +175,21 @@ export interface ExcludedTalent {
 export interface TalentSelection {
   /** The talents the agent receives, in the order of the compiled block. */
   selected: SelectedTalent[];
-  /** The candidates it does not receive, with why. */
+  /**
+   * The candidates it does not receive, with why, best score first (at most 50 of them, see
+   * excluded_unlisted), then the inactive requirements.
+   */
   excluded: ExcludedTalent[];
   /**
-   * True when no talent is close enough to the task (max similarity below floor and no shared
-   * stem): only pinned talents and their closure are served.
+   * True when no talent is close enough to the task (fused scoring: see gate; the others:
+   * max similarity below floor and no shared stem): only pinned talents and their closure are
+   * served.
    */
   outOfDomain: boolean;
   /**
    * A sentence for people when the cut kept nothing: "no specific talent for this task" (out
-   * of domain), "no talent passed the cut; kept the top 3 by score" or "no candidate talents";
-   * else empty.
+   * of domain, with the gate's figures in fused scoring), "no talent passed the cut; kept the
+   * top 3 by score" or "no candidate talents"; else empty.
    */
   note: string;
   /** The rendered block the agent receives: the selected bodies in order. */
@@ -187,26 +201,63 @@ export interface TalentSelection {
   /** The mode in effect (never UNSPECIFIED). */
   relevance: RelevanceMode;
   /** The selection parameters in effect (server defaults or the request's overrides). */
-  params: TalentSelectionParams | undefined;
+  params:
+    | TalentSelectionParams
+    | undefined;
+  /** What the out-of-domain gate saw, in fused scoring (unset in the others). */
+  gate:
+    | TalentGate
+    | undefined;
+  /**
+   * Candidates excluded but not listed in `excluded`, which holds the 50 best-scored
+   * exclusions (and every not_active requirement): the rest scored lower than every listed one
+   * (in fused scoring all below the margin, or all out of domain).
+   */
+  excludedUnlisted: number;
+}
+
+/**
+ * TalentGate is the out-of-domain gate of fused scoring for one task: the task passes when its
+ * best similarity reaches the threshold calibrated for the candidates (the level that the
+ * shipped unrelated requests reach on them) and, for an English task, when it is closer to its
+ * best candidate than to the nearest of those requests.
+ */
+export interface TalentGate {
+  /** The best cosine similarity of the task with any candidate (short or full text). */
+  bestSimilarity: number;
+  /** The similarity to reach: calibrated for the candidates, or the request's floor. */
+  similarityThreshold: number;
+  /** How many of the shipped unrelated tasks calibrated it (0: a fixed lower bound). */
+  calibrationTasks: number;
+  /**
+   * The task's similarity to the nearest shipped unrelated request, when the comparison applied
+   * (English tasks, no floor in the request).
+   */
+  unrelatedSimilarity?: number | undefined;
 }
 
 /** TalentSelectionParams are the tunables of the relevance cut. */
 export interface TalentSelectionParams {
   /**
-   * The out-of-domain gate: below this best similarity, with no shared stem, nothing is
-   * selected by relevance. In [-1, 1].
+   * The out-of-domain gate: below this best similarity (with no shared stem, but in fused
+   * scoring), nothing is selected by relevance. In [-1, 1]. Fused scoring calibrates it
+   * per candidate set unless the request sets it; the value here is then 0 (see gate).
    */
   floor: number;
   /** The weight of each shared stem in the score. In [0, 10]. */
   beta: number;
-  /** Talents scoring below (top score - margin) are cut (below_margin). In [0, 10]. */
+  /**
+   * Talents scoring below (top score - margin) are cut (below_margin), in the scoring's units.
+   * In [0, 10].
+   */
   margin: number;
   /** The token budget of the selection, pinned talents first. */
   budgetTokens: number;
   /**
-   * How talents are scored: "hybrid" (plain cosine + beta x stem hits + text_weight x the
-   * lexical rank) or "seed" (centred cosine + beta x stem hits). Set by the server
-   * (SATCHEL_TALENT_SCORING).
+   * How talents are scored: "fused" (the default: cosines with the short and full texts +
+   * word match, gate calibrated per candidate set), "hybrid" (plain cosine + beta x stem hits
+   * + text_weight x the lexical rank) or "seed" (centred cosine + beta x stem hits). Set by the
+   * server (SATCHEL_TALENT_SCORING).
    */
   scoring: string;
   /** The weight of the lexical rank in hybrid scoring (SATCHEL_TALENT_TEXT_WEIGHT). */
@@ -374,6 +425,69 @@ export interface DiagnoseProjectResponse {
   rolesKnown: string[];
 }
 
+/** SearchToolsRequest asks which tools an agent should load for a task. */
+export interface SearchToolsRequest {
+  /** The project whose active talents are candidates. Required. */
+  projectId: string;
+  /** The agent's role, as in ResolveTalentsRequest.role. */
+  role: string;
+  /** The task, such as "Book a table for two tonight". Required, at most 8000 characters. */
+  task: string;
+  /**
+   * Token budget of the tools' definitions (name, description, input schema); the server's
+   * default when unset. In [1, 100000].
+   */
+  budgetTokens?:
+    | number
+    | undefined;
+  /**
+   * At most this many tools by relevance (the closure comes on top); the server's default when
+   * unset. In [0, 1000] (0: no cap).
+   */
+  maxServed?: number | undefined;
+}
+
+/** ToolMatch is one tool the agent should load. */
+export interface ToolMatch {
+  /** The talent's id. */
+  talentId: string;
+  /** The tool's name (the talent's name). */
+  name: string;
+  /** What the tool does (the talent's summary, else its body). */
+  description: string;
+  /**
+   * The JSON Schema of the tool's input, as JSON text; `{"type": "object"}` when the talent
+   * has none.
+   */
+  inputSchema: string;
+  /** relevance | fallback_top3 | requires_closure | pinned, as in SelectedTalent.reason. */
+  reason: string;
+  /** With requires_closure: the tool whose requires/includes pulled this one in. */
+  requiredBy: string;
+  /** The relevance score, as in SelectedTalent.score (0 for pinned and closure-only tools). */
+  score: number;
+}
+
+/** SearchToolsResponse is the tool search's answer. */
+export interface SearchToolsResponse {
+  /** The tools to load, best first, then the closure. */
+  tools: ToolMatch[];
+  /**
+   * True when no tool fits the task (the out-of-domain gate abstained, or the role has no
+   * candidate): `tools` then holds only pinned tools and their closure, if any.
+   */
+  noneFits: boolean;
+  /**
+   * Why, for people and models, such as "no tool fits this task (best similarity 0.18 below
+   * this catalogue's gate 0.27 ...)"; empty when tools fit.
+   */
+  note: string;
+  /** Estimated tokens of the tools' definitions served. */
+  tokens: number;
+  /** The full selection behind the answer, with every candidate's decision. */
+  selection: TalentSelection | undefined;
+}
+
 function createBaseTalent(): Talent {
   return {
     id: "",
@@ -389,6 +503,7 @@ function createBaseTalent(): Talent {
     recommends: [],
     updatedAt: undefined,
     pinned: false,
+    inputSchema: "",
   };
 }
 
@@ -432,6 +547,9 @@ export const Talent: MessageFns<Talent> = {
     }
     if (message.pinned !== false) {
       writer.uint32(104).bool(message.pinned);
+    }
+    if (message.inputSchema !== "") {
+      writer.uint32(114).string(message.inputSchema);
     }
     return writer;
   },
@@ -553,6 +671,14 @@ export const Talent: MessageFns<Talent> = {
             message.pinned = reader.bool();
             continue;
           }
+          case 14: {
+            if (tag !== 114) {
+              break;
+            }
+
+            message.inputSchema = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -590,6 +716,11 @@ export const Talent: MessageFns<Talent> = {
         ? fromJsonTimestamp(object.updated_at)
         : undefined,
       pinned: isSet(object.pinned) ? globalThis.Boolean(object.pinned) : false,
+      inputSchema: isSet(object.inputSchema)
+        ? globalThis.String(object.inputSchema)
+        : isSet(object.input_schema)
+        ? globalThis.String(object.input_schema)
+        : "",
     };
   },
 
@@ -634,6 +765,9 @@ export const Talent: MessageFns<Talent> = {
     if (message.pinned !== false) {
       obj.pinned = message.pinned;
     }
+    if (message.inputSchema !== "") {
+      obj.inputSchema = message.inputSchema;
+    }
     return obj;
   },
 
@@ -655,6 +789,7 @@ export const Talent: MessageFns<Talent> = {
     message.recommends = object.recommends?.map((e) => e) || [];
     message.updatedAt = object.updatedAt ?? undefined;
     message.pinned = object.pinned ?? false;
+    message.inputSchema = object.inputSchema ?? "";
     return message;
   },
 };
@@ -1116,6 +1251,8 @@ function createBaseTalentSelection(): TalentSelection {
     tokensCandidates: 0,
     relevance: 0,
     params: undefined,
+    gate: undefined,
+    excludedUnlisted: 0,
   };
 }
 
@@ -1147,6 +1284,12 @@ export const TalentSelection: MessageFns<TalentSelection> = {
     }
     if (message.params !== undefined) {
       TalentSelectionParams.encode(message.params, writer.uint32(74).fork()).join();
+    }
+    if (message.gate !== undefined) {
+      TalentGate.encode(message.gate, writer.uint32(82).fork()).join();
+    }
+    if (message.excludedUnlisted !== 0) {
+      writer.uint32(88).int32(message.excludedUnlisted);
     }
     return writer;
   },
@@ -1236,6 +1379,22 @@ export const TalentSelection: MessageFns<TalentSelection> = {
             message.params = TalentSelectionParams.decode(reader, reader.uint32());
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.gate = TalentGate.decode(reader, reader.uint32());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.excludedUnlisted = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1275,6 +1434,12 @@ export const TalentSelection: MessageFns<TalentSelection> = {
         : 0,
       relevance: isSet(object.relevance) ? relevanceModeFromJSON(object.relevance) : 0,
       params: isSet(object.params) ? TalentSelectionParams.fromJSON(object.params) : undefined,
+      gate: isSet(object.gate) ? TalentGate.fromJSON(object.gate) : undefined,
+      excludedUnlisted: isSet(object.excludedUnlisted)
+        ? globalThis.Number(object.excludedUnlisted)
+        : isSet(object.excluded_unlisted)
+        ? globalThis.Number(object.excluded_unlisted)
+        : 0,
     };
   },
 
@@ -1307,6 +1472,12 @@ export const TalentSelection: MessageFns<TalentSelection> = {
     if (message.params !== undefined) {
       obj.params = TalentSelectionParams.toJSON(message.params);
     }
+    if (message.gate !== undefined) {
+      obj.gate = TalentGate.toJSON(message.gate);
+    }
+    if (message.excludedUnlisted !== 0) {
+      obj.excludedUnlisted = Math.round(message.excludedUnlisted);
+    }
     return obj;
   },
 
@@ -1326,6 +1497,143 @@ export const TalentSelection: MessageFns<TalentSelection> = {
     message.params = (object.params !== undefined && object.params !== null)
       ? TalentSelectionParams.fromPartial(object.params)
       : undefined;
+    message.gate = (object.gate !== undefined && object.gate !== null)
+      ? TalentGate.fromPartial(object.gate)
+      : undefined;
+    message.excludedUnlisted = object.excludedUnlisted ?? 0;
+    return message;
+  },
+};
+
+function createBaseTalentGate(): TalentGate {
+  return { bestSimilarity: 0, similarityThreshold: 0, calibrationTasks: 0, unrelatedSimilarity: undefined };
+}
+
+export const TalentGate: MessageFns<TalentGate> = {
+  encode(message: TalentGate, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.bestSimilarity !== 0) {
+      writer.uint32(9).double(message.bestSimilarity);
+    }
+    if (message.similarityThreshold !== 0) {
+      writer.uint32(17).double(message.similarityThreshold);
+    }
+    if (message.calibrationTasks !== 0) {
+      writer.uint32(24).int32(message.calibrationTasks);
+    }
+    if (message.unrelatedSimilarity !== undefined) {
+      writer.uint32(33).double(message.unrelatedSimilarity);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TalentGate {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTalentGate();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 9) {
+              break;
+            }
+
+            message.bestSimilarity = reader.double();
+            continue;
+          }
+          case 2: {
+            if (tag !== 17) {
+              break;
+            }
+
+            message.similarityThreshold = reader.double();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.calibrationTasks = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.unrelatedSimilarity = reader.double();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TalentGate {
+    return {
+      bestSimilarity: isSet(object.bestSimilarity)
+        ? globalThis.Number(object.bestSimilarity)
+        : isSet(object.best_similarity)
+        ? globalThis.Number(object.best_similarity)
+        : 0,
+      similarityThreshold: isSet(object.similarityThreshold)
+        ? globalThis.Number(object.similarityThreshold)
+        : isSet(object.similarity_threshold)
+        ? globalThis.Number(object.similarity_threshold)
+        : 0,
+      calibrationTasks: isSet(object.calibrationTasks)
+        ? globalThis.Number(object.calibrationTasks)
+        : isSet(object.calibration_tasks)
+        ? globalThis.Number(object.calibration_tasks)
+        : 0,
+      unrelatedSimilarity: isSet(object.unrelatedSimilarity)
+        ? globalThis.Number(object.unrelatedSimilarity)
+        : isSet(object.unrelated_similarity)
+        ? globalThis.Number(object.unrelated_similarity)
+        : undefined,
+    };
+  },
+
+  toJSON(message: TalentGate): unknown {
+    const obj: any = {};
+    if (message.bestSimilarity !== 0) {
+      obj.bestSimilarity = floatToJson(message.bestSimilarity);
+    }
+    if (message.similarityThreshold !== 0) {
+      obj.similarityThreshold = floatToJson(message.similarityThreshold);
+    }
+    if (message.calibrationTasks !== 0) {
+      obj.calibrationTasks = Math.round(message.calibrationTasks);
+    }
+    if (message.unrelatedSimilarity !== undefined) {
+      obj.unrelatedSimilarity = floatToJson(message.unrelatedSimilarity);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TalentGate>, I>>(base?: I): TalentGate {
+    return TalentGate.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TalentGate>, I>>(object: I): TalentGate {
+    const message = createBaseTalentGate();
+    message.bestSimilarity = object.bestSimilarity ?? 0;
+    message.similarityThreshold = object.similarityThreshold ?? 0;
+    message.calibrationTasks = object.calibrationTasks ?? 0;
+    message.unrelatedSimilarity = object.unrelatedSimilarity ?? undefined;
     return message;
   },
 };
@@ -2736,6 +3044,467 @@ export const DiagnoseProjectResponse: MessageFns<DiagnoseProjectResponse> = {
   },
 };
 
+function createBaseSearchToolsRequest(): SearchToolsRequest {
+  return { projectId: "", role: "", task: "", budgetTokens: undefined, maxServed: undefined };
+}
+
+export const SearchToolsRequest: MessageFns<SearchToolsRequest> = {
+  encode(message: SearchToolsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.role !== "") {
+      writer.uint32(18).string(message.role);
+    }
+    if (message.task !== "") {
+      writer.uint32(26).string(message.task);
+    }
+    if (message.budgetTokens !== undefined) {
+      writer.uint32(32).int32(message.budgetTokens);
+    }
+    if (message.maxServed !== undefined) {
+      writer.uint32(40).int32(message.maxServed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SearchToolsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSearchToolsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.role = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.task = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.budgetTokens = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.maxServed = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SearchToolsRequest {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      role: isSet(object.role) ? globalThis.String(object.role) : "",
+      task: isSet(object.task) ? globalThis.String(object.task) : "",
+      budgetTokens: isSet(object.budgetTokens)
+        ? globalThis.Number(object.budgetTokens)
+        : isSet(object.budget_tokens)
+        ? globalThis.Number(object.budget_tokens)
+        : undefined,
+      maxServed: isSet(object.maxServed)
+        ? globalThis.Number(object.maxServed)
+        : isSet(object.max_served)
+        ? globalThis.Number(object.max_served)
+        : undefined,
+    };
+  },
+
+  toJSON(message: SearchToolsRequest): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.role !== "") {
+      obj.role = message.role;
+    }
+    if (message.task !== "") {
+      obj.task = message.task;
+    }
+    if (message.budgetTokens !== undefined) {
+      obj.budgetTokens = Math.round(message.budgetTokens);
+    }
+    if (message.maxServed !== undefined) {
+      obj.maxServed = Math.round(message.maxServed);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SearchToolsRequest>, I>>(base?: I): SearchToolsRequest {
+    return SearchToolsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SearchToolsRequest>, I>>(object: I): SearchToolsRequest {
+    const message = createBaseSearchToolsRequest();
+    message.projectId = object.projectId ?? "";
+    message.role = object.role ?? "";
+    message.task = object.task ?? "";
+    message.budgetTokens = object.budgetTokens ?? undefined;
+    message.maxServed = object.maxServed ?? undefined;
+    return message;
+  },
+};
+
+function createBaseToolMatch(): ToolMatch {
+  return { talentId: "", name: "", description: "", inputSchema: "", reason: "", requiredBy: "", score: 0 };
+}
+
+export const ToolMatch: MessageFns<ToolMatch> = {
+  encode(message: ToolMatch, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.talentId !== "") {
+      writer.uint32(10).string(message.talentId);
+    }
+    if (message.name !== "") {
+      writer.uint32(18).string(message.name);
+    }
+    if (message.description !== "") {
+      writer.uint32(26).string(message.description);
+    }
+    if (message.inputSchema !== "") {
+      writer.uint32(34).string(message.inputSchema);
+    }
+    if (message.reason !== "") {
+      writer.uint32(42).string(message.reason);
+    }
+    if (message.requiredBy !== "") {
+      writer.uint32(50).string(message.requiredBy);
+    }
+    if (message.score !== 0) {
+      writer.uint32(57).double(message.score);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ToolMatch {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseToolMatch();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.talentId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.description = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.inputSchema = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.requiredBy = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 57) {
+              break;
+            }
+
+            message.score = reader.double();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ToolMatch {
+    return {
+      talentId: isSet(object.talentId)
+        ? globalThis.String(object.talentId)
+        : isSet(object.talent_id)
+        ? globalThis.String(object.talent_id)
+        : "",
+      name: isSet(object.name) ? globalThis.String(object.name) : "",
+      description: isSet(object.description) ? globalThis.String(object.description) : "",
+      inputSchema: isSet(object.inputSchema)
+        ? globalThis.String(object.inputSchema)
+        : isSet(object.input_schema)
+        ? globalThis.String(object.input_schema)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      requiredBy: isSet(object.requiredBy)
+        ? globalThis.String(object.requiredBy)
+        : isSet(object.required_by)
+        ? globalThis.String(object.required_by)
+        : "",
+      score: isSet(object.score) ? globalThis.Number(object.score) : 0,
+    };
+  },
+
+  toJSON(message: ToolMatch): unknown {
+    const obj: any = {};
+    if (message.talentId !== "") {
+      obj.talentId = message.talentId;
+    }
+    if (message.name !== "") {
+      obj.name = message.name;
+    }
+    if (message.description !== "") {
+      obj.description = message.description;
+    }
+    if (message.inputSchema !== "") {
+      obj.inputSchema = message.inputSchema;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.requiredBy !== "") {
+      obj.requiredBy = message.requiredBy;
+    }
+    if (message.score !== 0) {
+      obj.score = floatToJson(message.score);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ToolMatch>, I>>(base?: I): ToolMatch {
+    return ToolMatch.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ToolMatch>, I>>(object: I): ToolMatch {
+    const message = createBaseToolMatch();
+    message.talentId = object.talentId ?? "";
+    message.name = object.name ?? "";
+    message.description = object.description ?? "";
+    message.inputSchema = object.inputSchema ?? "";
+    message.reason = object.reason ?? "";
+    message.requiredBy = object.requiredBy ?? "";
+    message.score = object.score ?? 0;
+    return message;
+  },
+};
+
+function createBaseSearchToolsResponse(): SearchToolsResponse {
+  return { tools: [], noneFits: false, note: "", tokens: 0, selection: undefined };
+}
+
+export const SearchToolsResponse: MessageFns<SearchToolsResponse> = {
+  encode(message: SearchToolsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.tools) {
+      ToolMatch.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.noneFits !== false) {
+      writer.uint32(16).bool(message.noneFits);
+    }
+    if (message.note !== "") {
+      writer.uint32(26).string(message.note);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(32).int32(message.tokens);
+    }
+    if (message.selection !== undefined) {
+      TalentSelection.encode(message.selection, writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SearchToolsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSearchToolsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tools.push(ToolMatch.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.noneFits = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.note = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokens = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.selection = TalentSelection.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SearchToolsResponse {
+    return {
+      tools: globalThis.Array.isArray(object?.tools) ? object.tools.map((e: any) => ToolMatch.fromJSON(e)) : [],
+      noneFits: isSet(object.noneFits)
+        ? globalThis.Boolean(object.noneFits)
+        : isSet(object.none_fits)
+        ? globalThis.Boolean(object.none_fits)
+        : false,
+      note: isSet(object.note) ? globalThis.String(object.note) : "",
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+      selection: isSet(object.selection) ? TalentSelection.fromJSON(object.selection) : undefined,
+    };
+  },
+
+  toJSON(message: SearchToolsResponse): unknown {
+    const obj: any = {};
+    if (message.tools?.length) {
+      obj.tools = message.tools.map((e) => ToolMatch.toJSON(e));
+    }
+    if (message.noneFits !== false) {
+      obj.noneFits = message.noneFits;
+    }
+    if (message.note !== "") {
+      obj.note = message.note;
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    if (message.selection !== undefined) {
+      obj.selection = TalentSelection.toJSON(message.selection);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SearchToolsResponse>, I>>(base?: I): SearchToolsResponse {
+    return SearchToolsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SearchToolsResponse>, I>>(object: I): SearchToolsResponse {
+    const message = createBaseSearchToolsResponse();
+    message.tools = object.tools?.map((e) => ToolMatch.fromPartial(e)) || [];
+    message.noneFits = object.noneFits ?? false;
+    message.note = object.note ?? "";
+    message.tokens = object.tokens ?? 0;
+    message.selection = (object.selection !== undefined && object.selection !== null)
+      ? TalentSelection.fromPartial(object.selection)
+      : undefined;
+    return message;
+  },
+};
+
 /**
  * TalentService keeps the catalogue of talents (skills, rules, instructions for coding agents),
  * their activation per project, and selects which ones an agent receives for a task.
@@ -2819,6 +3588,22 @@ export const TalentServiceService = {
       Buffer.from(DiagnoseProjectResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): DiagnoseProjectResponse => DiagnoseProjectResponse.decode(value),
   },
+  /**
+   * SearchTools is ResolveTalents for an agent that loads tools: the selection by relevance,
+   * as the tools' names, descriptions and input schemas, with the closure over hard edges and
+   * an explicit `none_fits` when no tool fits the task.
+   *
+   * Errors: INVALID_ARGUMENT (field violations) for a missing project or task.
+   */
+  searchTools: {
+    path: "/satchel.v1.TalentService/SearchTools" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SearchToolsRequest): Buffer => Buffer.from(SearchToolsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SearchToolsRequest => SearchToolsRequest.decode(value),
+    responseSerialize: (value: SearchToolsResponse): Buffer => Buffer.from(SearchToolsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): SearchToolsResponse => SearchToolsResponse.decode(value),
+  },
 } as const;
 
 export interface TalentServiceServer extends UntypedServiceImplementation {
@@ -2847,6 +3632,14 @@ export interface TalentServiceServer extends UntypedServiceImplementation {
   resolveTalents: handleUnaryCall<ResolveTalentsRequest, ResolveTalentsResponse>;
   /** DiagnoseProject reports what is wrong with a project's active talents (the doctor). */
   diagnoseProject: handleUnaryCall<DiagnoseProjectRequest, DiagnoseProjectResponse>;
+  /**
+   * SearchTools is ResolveTalents for an agent that loads tools: the selection by relevance,
+   * as the tools' names, descriptions and input schemas, with the closure over hard edges and
+   * an explicit `none_fits` when no tool fits the task.
+   *
+   * Errors: INVALID_ARGUMENT (field violations) for a missing project or task.
+   */
+  searchTools: handleUnaryCall<SearchToolsRequest, SearchToolsResponse>;
 }
 
 export interface TalentServiceClient extends Client {
@@ -2944,6 +3737,28 @@ export interface TalentServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DiagnoseProjectResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * SearchTools is ResolveTalents for an agent that loads tools: the selection by relevance,
+   * as the tools' names, descriptions and input schemas, with the closure over hard edges and
+   * an explicit `none_fits` when no tool fits the task.
+   *
+   * Errors: INVALID_ARGUMENT (field violations) for a missing project or task.
+   */
+  searchTools(
+    request: SearchToolsRequest,
+    callback: (error: ServiceError | null, response: SearchToolsResponse) => void,
+  ): ClientUnaryCall;
+  searchTools(
+    request: SearchToolsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: SearchToolsResponse) => void,
+  ): ClientUnaryCall;
+  searchTools(
+    request: SearchToolsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: SearchToolsResponse) => void,
   ): ClientUnaryCall;
 }
 
