@@ -131,9 +131,13 @@ def evaluate(
     return means
 
 
-SWEEP = [(q, None) for q in (0.5, 0.6, 0.7, 0.9, 0.95)] + [
-    (q, c) for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)
+SWEEP: list[tuple[float, float | None, bool]] = [
+    *((q, None, False) for q in (0.5, 0.6, 0.7, 0.9, 0.95)),
+    *((q, c, False) for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)),
+    (0.75, -0.05, True),
 ]
+"""(level quantile, contrast, whether the contrast applies to every language, not English
+only)."""
 
 
 def gate_figures(
@@ -157,12 +161,15 @@ def calibration_best(space: FusedSpace) -> np.ndarray:
     return np.maximum(space.unrelated @ space.short.T, space.unrelated @ space.full.T).max(axis=1)
 
 
-def admitted(x: np.ndarray, level: float, contrast: float | None) -> np.ndarray:
+def admitted(
+    x: np.ndarray, level: float, contrast: float | None, every_language: bool = False
+) -> np.ndarray:
     """Which tasks (rows of `gate_figures`) a gate at `level` with `contrast` lets through."""
     passes = x[:, 0] >= level
     if contrast is None:
         return passes
-    return passes & ((x[:, 2] == 0) | (x[:, 0] - x[:, 1] > contrast))
+    spared = np.zeros(len(x), dtype=bool) if every_language else x[:, 2] == 0
+    return passes & (spared | (x[:, 0] - x[:, 1] > contrast))
 
 
 def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
@@ -170,14 +177,15 @@ def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
     print("\n| level | contrast | unrelated served per 20 (mean / worst) |", end="")
     print(" real gated (mean / worst) |")
     print("|---|---|---|---|")
-    for quantile, contrast in SWEEP:
+    for quantile, contrast, every_language in SWEEP:
         served, gated = [], []
         for calibration, off, real in rows.values():
             level = max(float(np.quantile(calibration, quantile)), SIMILARITY_GATE_MIN)
-            served.append(admitted(off, level, contrast).sum() * 20 / len(off))
-            gated.append(1 - admitted(real, level, contrast).mean())
+            served.append(admitted(off, level, contrast, every_language).sum() * 20 / len(off))
+            gated.append(1 - admitted(real, level, contrast, every_language).mean())
+        label = "none" if contrast is None else f"{contrast}" + (" (all)" if every_language else "")
         print(
-            f"| {quantile} | {'none' if contrast is None else contrast} |"
+            f"| {quantile} | {label} |"
             f" {np.mean(served):.1f} / {max(served):.1f} |"
             f" {100 * np.mean(gated):.1f} % / {100 * max(gated):.1f} % |",
             flush=True,
