@@ -78,6 +78,7 @@ def fused_space(
         FieldIndex.of([t.fields for t in talents if t.fields is not None]),
         vectors.queries(unrelated_tasks()),
         quantile,
+        multilingual=vectors.model == "e5",
     )
 
 
@@ -131,27 +132,35 @@ def evaluate(
     return means
 
 
-SWEEP: list[tuple[float, float | None, bool]] = [
-    *((q, None, False) for q in (0.5, 0.6, 0.7, 0.9, 0.95)),
-    *((q, c, False) for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)),
-    (0.75, -0.05, True),
+SWEEP: list[tuple[float, float | None, str]] = [
+    *((q, None, "words") for q in (0.5, 0.6, 0.7, 0.9, 0.95)),
+    *((q, c, "words") for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)),
+    (0.75, -0.05, "level"),
+    (0.75, -0.05, "all"),
 ]
-"""(level quantile, contrast, whether the contrast applies to every language, not English
-only)."""
+"""(level quantile, contrast, what judges the other languages: see `admitted`)."""
 
 
 def gate_figures(
     talents: list[ScorableTalent], space: FusedSpace, vectors: Vectors, texts: list[str]
 ) -> np.ndarray:
-    """Per task: best similarity to a talent, to the nearest shipped unrelated request, and
-    whether it is English (the contrast's condition)."""
+    """Per task: best similarity to a talent, to the nearest shipped unrelated request, whether
+    it is English (the contrast's condition), and its best word match."""
     queries = vectors.queries(texts)
     unrelated = space.unrelated if space.unrelated is not None else np.zeros((1, queries.shape[1]))
     rows = []
     for text, query in zip(texts, queries, strict=True):
         unit = query / np.linalg.norm(query)
-        best = space.evidence(query, []).best_similarity
-        rows.append((best, float((unrelated @ unit).max()), float(is_english(text))))
+        evidence = space.evidence(query, task_terms(text))
+        words = float(evidence.word_match.max()) if len(evidence.word_match) else 0.0
+        rows.append(
+            (
+                evidence.best_similarity,
+                float((unrelated @ unit).max()),
+                float(is_english(text)),
+                words,
+            )
+        )
     return np.array(rows)
 
 
@@ -162,14 +171,17 @@ def calibration_best(space: FusedSpace) -> np.ndarray:
 
 
 def admitted(
-    x: np.ndarray, level: float, contrast: float | None, every_language: bool = False
+    x: np.ndarray, level: float, contrast: float | None, mode: str = "words"
 ) -> np.ndarray:
-    """Which tasks (rows of `gate_figures`) a gate at `level` with `contrast` lets through."""
+    """Which tasks (rows of `gate_figures`) a gate at `level` with `contrast` lets through.
+    `mode` says what judges tasks in another language than English: "words" (a shared word,
+    the server's rule with an English model), "level" (nothing more), "all" (the contrast)."""
     passes = x[:, 0] >= level
     if contrast is None:
         return passes
-    spared = np.zeros(len(x), dtype=bool) if every_language else x[:, 2] == 0
-    return passes & (spared | (x[:, 0] - x[:, 1] > contrast))
+    english, contrasted = x[:, 2] == 1, x[:, 0] - x[:, 1] > contrast
+    other = {"words": x[:, 3] > 0, "level": np.ones(len(x), dtype=bool), "all": contrasted}[mode]
+    return passes & np.where(english, contrasted, other)
 
 
 def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
@@ -177,13 +189,17 @@ def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
     print("\n| level | contrast | unrelated served per 20 (mean / worst) |", end="")
     print(" real gated (mean / worst) |")
     print("|---|---|---|---|")
-    for quantile, contrast, every_language in SWEEP:
+    for quantile, contrast, mode in SWEEP:
         served, gated = [], []
         for calibration, off, real in rows.values():
             level = max(float(np.quantile(calibration, quantile)), SIMILARITY_GATE_MIN)
-            served.append(admitted(off, level, contrast, every_language).sum() * 20 / len(off))
-            gated.append(1 - admitted(real, level, contrast, every_language).mean())
-        label = "none" if contrast is None else f"{contrast}" + (" (all)" if every_language else "")
+            served.append(admitted(off, level, contrast, mode).sum() * 20 / len(off))
+            gated.append(1 - admitted(real, level, contrast, mode).mean())
+        label = (
+            "none"
+            if contrast is None
+            else f"{contrast}" + ("" if mode == "words" else f" ({mode})")
+        )
         print(
             f"| {quantile} | {label} |"
             f" {np.mean(served):.1f} / {max(served):.1f} |"

@@ -108,6 +108,17 @@ def model_defaults(model_id: str, scoring: Scoring = Scoring.SEED) -> tuple[floa
     return _calibrated(table, model_id) or SEED_DEFAULTS
 
 
+MULTILINGUAL_MODELS = ("multilingual",)
+"""Embedding models whose similarities cross languages, matched as a substring of the model id
+(lower case): multilingual-e5-small. With the others (MiniLM, mpnet), fused scoring's gate asks
+a task in another language than English to share a word with some talent."""
+
+
+def is_multilingual(model_id: str) -> bool:
+    """Whether the model's similarities cross languages (`MULTILINGUAL_MODELS`)."""
+    return any(pattern in model_id.lower() for pattern in MULTILINGUAL_MODELS)
+
+
 def default_params(settings: TalentSettings, model_id: str) -> SelectionParams:
     """The server's selection parameters: SATCHEL_TALENT_* when set, else fused scoring with
     its gate calibrated per candidate set, or the model's values for the other scorings."""
@@ -649,6 +660,7 @@ class TalentService:
                 FieldIndex.of(fields),
                 await self._unrelated_tasks(conn),
                 self.runtime.settings.talents.gate_quantile,
+                multilingual=is_multilingual(self.model_id),
             )
             space = (fused, None)
         else:

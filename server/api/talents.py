@@ -222,6 +222,7 @@ def _gate(report: GateReport | None) -> talent_pb2.TalentGate | None:
         similarity_threshold=report.gate.similarity,
         calibration_tasks=report.gate.calibration_tasks,
         unrelated_similarity=report.unrelated_similarity,
+        best_word_match=report.best_word_match,
     )
 
 

@@ -14,7 +14,8 @@ The out-of-domain gate is calibrated per candidate set: satchel ships 180 reques
 talent (chit-chat, general knowledge, creative writing, in six languages, `unrelated_tasks.json`);
 a task passes when its best similarity to a candidate reaches what the most talent-like quarter
 of those reach on this catalogue (their 75th percentile) and, for an English task, when it is
-closer to that candidate than to the nearest of those requests. A fixed floor cannot do this:
+closer to that candidate than to the nearest of those requests (a task in another language must
+share a word with some candidate instead). A fixed floor cannot do this:
 the best of hundreds of cosines is high for any task on a broad catalogue, and the right floor
 differs by catalogue and model. Why it abstained is reported with the figures.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,7 +49,9 @@ CONTRAST = -0.05
 request, give or take this much: "Why do cats purr?" is nearer "Why is the sky blue?" than any
 tool, though a broad catalogue's best tool may pass the level. Only English tasks: the bundled
 MiniLM reads other languages too poorly (for every language it gated 44 % of our French real
-tasks); measured in benchmarks/talents.md."""
+tasks); a task in another language must share a word with some talent instead (not with a
+multilingual model). Measured in
+benchmarks/talents.md."""
 
 SIMILARITY_GATE_MIN = 0.15
 """The gate never sits below this, whatever the calibration says."""
@@ -79,22 +82,27 @@ contributes nothing to the fused score."""
 class Gate:
     """The out-of-domain gate of one candidate set: a task passes when its best similarity
     reaches `similarity` and, for an English task, exceeds its similarity to the nearest shipped
-    unrelated request by more than `contrast` (None: no contrast). `calibration_tasks`: how many
-    unrelated tasks set it (0: not calibrated, SIMILARITY_GATE_MIN alone)."""
+    unrelated request by more than `contrast`, for a task in another language, when some
+    candidate shares a word with it (`shared_word`: false for a multilingual model, whose
+    similarities cross languages; `contrast` None: the level alone). `calibration_tasks`: how
+    many unrelated tasks set it (0: not calibrated, SIMILARITY_GATE_MIN alone)."""
 
     similarity: float
     calibration_tasks: int = 0
     contrast: float | None = None
+    shared_word: bool = True
 
 
 @dataclass(frozen=True)
 class GateReport:
     """What the gate saw of one task: its thresholds, the task's best similarity to a
-    candidate and, when the contrast applied, to the nearest shipped unrelated request."""
+    candidate and, when the second test applied, its similarity to the nearest shipped
+    unrelated request (English) or its best word match (other languages)."""
 
     gate: Gate
     best_similarity: float
     unrelated_similarity: float | None = None
+    best_word_match: float | None = None
 
     @property
     def below_level(self) -> bool:
@@ -107,8 +115,12 @@ class GateReport:
         return self.best_similarity - self.unrelated_similarity <= self.gate.contrast
 
     @property
+    def no_shared_word(self) -> bool:
+        return self.best_word_match is not None and self.best_word_match <= 0
+
+    @property
     def admitted(self) -> bool:
-        return not self.below_level and not self.nearer_unrelated
+        return not (self.below_level or self.nearer_unrelated or self.no_shared_word)
 
     def note(self) -> str:
         """Why the gate abstained, for people."""
@@ -121,6 +133,11 @@ class GateReport:
             return (
                 f"best similarity {self.best_similarity:.2f} below this catalogue's gate"
                 f" {self.gate.similarity:.2f}{calibrated}"
+            )
+        if self.no_shared_word:
+            return (
+                f"best similarity {self.best_similarity:.2f}, but no talent shares a word with"
+                " the task"
             )
         return (
             f"best similarity {self.best_similarity:.2f}, but {self.unrelated_similarity:.2f}"
@@ -223,9 +240,11 @@ class FusedSpace:
         lexical: FieldIndex,
         unrelated: np.ndarray | None = None,
         quantile: float = GATE_QUANTILE,
+        multilingual: bool = False,
     ) -> FusedSpace:
         """The space of these candidates (row i = candidate i), its gate calibrated on the
-        vectors of the `unrelated` tasks (query prefix included), shape (m, d), at `quantile`."""
+        vectors of the `unrelated` tasks (query prefix included), shape (m, d), at `quantile`;
+        `multilingual`: the model's similarities cross languages (no shared word required)."""
         short, full = _unit_rows(short_vectors), _unit_rows(full_vectors)
         if not len(short) == len(full) == len(lexical):
             raise ValueError(f"{len(short)}, {len(full)} vectors for {len(lexical)} candidates")
@@ -233,16 +252,27 @@ class FusedSpace:
             return cls(short, full, lexical, Gate(SIMILARITY_GATE_MIN))
         vectors = _unit_rows(unrelated)
         best = np.maximum(vectors @ short.T, vectors @ full.T).max(axis=1)
-        return cls(short, full, lexical, calibrate(best.tolist(), quantile), vectors)
+        gate = replace(calibrate(best.tolist(), quantile), shared_word=not multilingual)
+        return cls(short, full, lexical, gate, vectors)
 
     def __len__(self) -> int:
         return len(self.short)
 
     def judge(self, evidence: Evidence, task_vector: np.ndarray, english: bool) -> GateReport:
-        """The gate's verdict on a task (its evidence and vector; `english`: whether the
-        contrast with the unrelated requests applies)."""
+        """The gate's verdict on a task (its evidence and vector). Beyond the level, an
+        `english` task is compared with the unrelated requests; a task in another language,
+        which an English model reads too poorly for that, must share a word with some
+        candidate (not with a multilingual model). Neither applies when the gate has no
+        contrast (a request's floor)."""
+        if self.gate.contrast is None:
+            return GateReport(self.gate, evidence.best_similarity)
+        if not english:
+            if not self.gate.shared_word:
+                return GateReport(self.gate, evidence.best_similarity)
+            words = float(evidence.word_match.max()) if len(evidence.word_match) else 0.0
+            return GateReport(self.gate, evidence.best_similarity, best_word_match=words)
         nearest = None
-        if english and self.unrelated is not None and self.gate.contrast is not None:
+        if self.unrelated is not None:
             task = np.asarray(task_vector, dtype=np.float32).reshape(-1)
             task = task / max(float(np.linalg.norm(task)), 1e-9)
             nearest = float((self.unrelated @ task).max())

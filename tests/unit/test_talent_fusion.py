@@ -247,8 +247,19 @@ def test_an_english_task_nearer_an_unrelated_request_than_any_talent_is_gated() 
     assert english.unrelated_similarity == pytest.approx(1.0)
     assert english.nearer_unrelated and not english.admitted
     assert "to a request that needs no talent" in english.note()
+    # Another language is not compared with the requests; it must share a word with a talent.
     french = space.judge(evidence, chat, english=False)
-    assert french.unrelated_similarity is None and french.admitted
+    assert french.unrelated_similarity is None and french.best_word_match == 0.0
+    assert french.no_shared_word and not french.admitted
+    assert "no talent shares a word with the task" in french.note()
+    worded = space.judge(space.evidence(chat, ["weather"]), chat, english=False)
+    assert worded.best_word_match is not None and worded.best_word_match > 0 and worded.admitted
+    # A multilingual model's similarities cross languages: the level alone judges other ones.
+    multilingual = FusedSpace.of(
+        space.short, space.full, space.lexical, np.asarray(unrelated), multilingual=True
+    )
+    assert multilingual.judge(evidence, chat, english=False).admitted
+    assert not multilingual.judge(evidence, chat, english=True).admitted
     result = select(talents(names), space, chat, set(), FUSED, task="Is it warm today?")
     assert result.out_of_domain and result.gate == english
     # A real task is closer to its talent than to any unrelated request.
@@ -258,7 +269,7 @@ def test_an_english_task_nearer_an_unrelated_request_than_any_talent_is_gated() 
     forced = SelectionParams(floor=0.0, margin=4.0, scoring=Scoring.FUSED)
     kept = select(talents(names), space, chat, set(), forced, task="Is it warm today?")
     assert kept.kept_ids[0] == "weather" and kept.gate is not None
-    assert kept.gate.unrelated_similarity is None
+    assert kept.gate.unrelated_similarity is None and kept.gate.best_word_match is None
 
 
 def test_calibration_never_goes_below_the_minimum() -> None:

@@ -220,7 +220,8 @@ export interface TalentSelection {
  * TalentGate is the out-of-domain gate of fused scoring for one task: the task passes when its
  * best similarity reaches the threshold calibrated for the candidates (the level that the
  * shipped unrelated requests reach on them) and, for an English task, when it is closer to its
- * best candidate than to the nearest of those requests.
+ * best candidate than to the nearest of those requests, for a task in another language, when
+ * some candidate shares a word with it.
  */
 export interface TalentGate {
   /** The best cosine similarity of the task with any candidate (short or full text). */
@@ -233,7 +234,14 @@ export interface TalentGate {
    * The task's similarity to the nearest shipped unrelated request, when the comparison applied
    * (English tasks, no floor in the request).
    */
-  unrelatedSimilarity?: number | undefined;
+  unrelatedSimilarity?:
+    | number
+    | undefined;
+  /**
+   * For a task in another language than English (no floor in the request): its best word match
+   * (text_rank) with any candidate; 0 gates it, as no talent shares a word with it.
+   */
+  bestWordMatch?: number | undefined;
 }
 
 /** TalentSelectionParams are the tunables of the relevance cut. */
@@ -1506,7 +1514,13 @@ export const TalentSelection: MessageFns<TalentSelection> = {
 };
 
 function createBaseTalentGate(): TalentGate {
-  return { bestSimilarity: 0, similarityThreshold: 0, calibrationTasks: 0, unrelatedSimilarity: undefined };
+  return {
+    bestSimilarity: 0,
+    similarityThreshold: 0,
+    calibrationTasks: 0,
+    unrelatedSimilarity: undefined,
+    bestWordMatch: undefined,
+  };
 }
 
 export const TalentGate: MessageFns<TalentGate> = {
@@ -1522,6 +1536,9 @@ export const TalentGate: MessageFns<TalentGate> = {
     }
     if (message.unrelatedSimilarity !== undefined) {
       writer.uint32(33).double(message.unrelatedSimilarity);
+    }
+    if (message.bestWordMatch !== undefined) {
+      writer.uint32(41).double(message.bestWordMatch);
     }
     return writer;
   },
@@ -1571,6 +1588,14 @@ export const TalentGate: MessageFns<TalentGate> = {
             message.unrelatedSimilarity = reader.double();
             continue;
           }
+          case 5: {
+            if (tag !== 41) {
+              break;
+            }
+
+            message.bestWordMatch = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1605,6 +1630,11 @@ export const TalentGate: MessageFns<TalentGate> = {
         : isSet(object.unrelated_similarity)
         ? globalThis.Number(object.unrelated_similarity)
         : undefined,
+      bestWordMatch: isSet(object.bestWordMatch)
+        ? globalThis.Number(object.bestWordMatch)
+        : isSet(object.best_word_match)
+        ? globalThis.Number(object.best_word_match)
+        : undefined,
     };
   },
 
@@ -1622,6 +1652,9 @@ export const TalentGate: MessageFns<TalentGate> = {
     if (message.unrelatedSimilarity !== undefined) {
       obj.unrelatedSimilarity = floatToJson(message.unrelatedSimilarity);
     }
+    if (message.bestWordMatch !== undefined) {
+      obj.bestWordMatch = floatToJson(message.bestWordMatch);
+    }
     return obj;
   },
 
@@ -1634,6 +1667,7 @@ export const TalentGate: MessageFns<TalentGate> = {
     message.similarityThreshold = object.similarityThreshold ?? 0;
     message.calibrationTasks = object.calibrationTasks ?? 0;
     message.unrelatedSimilarity = object.unrelatedSimilarity ?? undefined;
+    message.bestWordMatch = object.bestWordMatch ?? undefined;
     return message;
   },
 };
