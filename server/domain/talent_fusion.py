@@ -7,17 +7,17 @@ in any language (`talent_lexical.FieldIndex`, `talent_terms`). Each signal is z-
 candidates for this task and the three are summed: a signal that separates the candidates well
 for this task (a rare word that one tool names, a Chinese bigram where the English model's
 cosines are noise) counts for more than one that does not, with no weight to tune per
-catalogue. Measured on eleven labelled sets, this beats stemmed BM25, either cosine and a sum on
-a fixed scale at every depth (benchmarks/talents.md).
+catalogue. On the validation halves of our labelled sets it beats stemmed BM25, either cosine
+and a sum on a fixed scale at every depth (benchmarks/talents.md).
 
 The out-of-domain gate is calibrated per candidate set: satchel ships 180 requests that need no
 talent (chit-chat, general knowledge, creative writing, in six languages, `unrelated_tasks.json`);
 a task passes when its best similarity to a candidate reaches what the most talent-like quarter
 of those reach on this catalogue (their 75th percentile) and, for an English task, when it is
 closer to that candidate than to the nearest of those requests (a task in another language must
-share a word with some candidate instead). A fixed floor cannot do this:
-the best of hundreds of cosines is high for any task on a broad catalogue, and the right floor
-differs by catalogue and model. Why it abstained is reported with the figures.
+share a word with some candidate instead). A fixed floor cannot do this: the best of hundreds of
+cosines is high for any task on a broad catalogue, and the right floor differs by catalogue and
+model. Why it abstained is reported with the figures.
 
 How many talents to serve follows the evidence: those within `margin` (z units) of the best, so a
 clear winner stands alone and a task that several talents fit gets several; `max_served` and the
