@@ -28,7 +28,6 @@ The report is printed and written to `benchmarks/catalogue_baselines.md` (unless
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import re
 import sys
@@ -49,11 +48,11 @@ from catalogues import (
     off_domain_tasks,
 )
 from py_rust_stemmers import SnowballStemmer
+from talent_calibration import VectorCache
 
 from satchel.server.config import Settings
 from satchel.server.domain.text_query import STOP_WORDS
 from satchel.server.embedding import load_embedder
-from satchel.server.embedding.port import Embedder
 
 RECALL_AT = (1, 3, 5, 10)
 K1 = 1.2
@@ -109,32 +108,6 @@ class BM25:
                 rows, tf = self.postings[term]
                 result[rows] += self.idf[term] * tf * (K1 + 1) / (tf + self.norms[rows])
         return result
-
-
-class VectorCache:
-    """Vectors by sha256 of the exact text embedded, kept in a file between runs."""
-
-    def __init__(self, embedder: Embedder, directory: Path) -> None:
-        self.embedder = embedder
-        model = re.sub(r"[^\w.-]", "_", embedder.model_id)
-        self.path = directory / f"vectors-{model}.npz"
-        self.vectors: dict[str, np.ndarray] = {}
-        if self.path.exists():
-            with np.load(self.path) as stored:
-                self.vectors = {key: stored[key] for key in stored.files}
-        self.fresh = 0
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        keys = [hashlib.sha256(text.encode()).hexdigest() for text in texts]
-        missing = {key: text for key, text in zip(keys, texts, strict=True)}
-        missing = {key: text for key, text in missing.items() if key not in self.vectors}
-        if missing:
-            fresh = self.embedder.embed(list(missing.values()))
-            self.vectors.update(zip(missing, fresh, strict=True))
-            self.fresh += len(missing)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(self.path, **self.vectors)
-        return np.stack([self.vectors[key] for key in keys])
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

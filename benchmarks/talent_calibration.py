@@ -317,6 +317,7 @@ class VectorCache:
         if self.path.exists():
             with np.load(self.path) as stored:
                 self.vectors = {key: stored[key] for key in stored.files}
+        self.fresh = 0  # texts embedded by this run
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         keys = [hashlib.sha256(text.encode()).hexdigest() for text in texts]
@@ -325,6 +326,7 @@ class VectorCache:
         if missing:
             fresh = self.embedder.embed(list(missing.values()))
             self.vectors.update(zip(missing, fresh, strict=True))
+            self.fresh += len(missing)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             np.savez(self.path, **self.vectors)
         return np.stack([self.vectors[key] for key in keys])

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from satchel.server.api.pagination import (
@@ -167,6 +169,11 @@ def _excluded(talent: ResolvedTalent) -> talent_pb2.ExcludedTalent:
         required_by=talent.required_by,
         text_rank=talent.text_rank,
     )
+
+
+def _given(request: Message, name: str) -> Any:
+    """The value of an optional field, or None when the request leaves it unset."""
+    return getattr(request, name) if request.HasField(name) else None
 
 
 def _check_limits(
@@ -363,11 +370,11 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
             _check_param(violations, "margin", request.margin, 0.0, MAX_PARAM)
         violations.raise_if_any()
         params = service.params(
-            floor=request.floor if request.HasField("floor") else None,
-            beta=request.beta if request.HasField("beta") else None,
-            margin=request.margin if request.HasField("margin") else None,
-            budget_tokens=request.budget_tokens if request.HasField("budget_tokens") else None,
-            max_served=request.max_served if request.HasField("max_served") else None,
+            floor=_given(request, "floor"),
+            beta=_given(request, "beta"),
+            margin=_given(request, "margin"),
+            budget_tokens=_given(request, "budget_tokens"),
+            max_served=_given(request, "max_served"),
         )
         resolution = await service.resolve(
             request.project_id, request.role, request.task, relevance=relevance, params=params
@@ -386,8 +393,8 @@ class TalentServicer(talent_pb2_grpc.TalentServiceServicer):
         _check_limits(violations, request)
         violations.raise_if_any()
         params = service.params(
-            budget_tokens=request.budget_tokens if request.HasField("budget_tokens") else None,
-            max_served=request.max_served if request.HasField("max_served") else None,
+            budget_tokens=_given(request, "budget_tokens"),
+            max_served=_given(request, "max_served"),
         )
         resolution = await service.resolve(
             request.project_id, request.role, request.task, relevance=True, params=params
