@@ -123,6 +123,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "satchel.server.commands.demo",
     "satchel.server.commands.eval",
     "satchel.server.commands.purge",
+    "satchel.server.commands.mcp_cmds",
 )
 
 

@@ -476,8 +476,17 @@ def is_address(listen: str) -> bool:
 
 
 # SATCHEL_* variables read outside Settings: by the CLI and the SDK (the server's address and
-# API key) and by scripts/run.
-OTHER_VARIABLES = frozenset({"SATCHEL_ADDRESS", "SATCHEL_API_KEY", "SATCHEL_RUN_DEMO"})
+# API key), by `satchel mcp` (the scope and role of its tools) and by scripts/run.
+OTHER_VARIABLES = frozenset(
+    {
+        "SATCHEL_ADDRESS",
+        "SATCHEL_API_KEY",
+        "SATCHEL_PROJECT",
+        "SATCHEL_SUBJECT",
+        "SATCHEL_ROLE",
+        "SATCHEL_RUN_DEMO",
+    }
+)
 
 
 def known_variables() -> frozenset[str]:

@@ -9,102 +9,11 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from talent_helpers import activate, field_violations, stub
+from talent_helpers import TOOLS, activate, field_violations, schema, stub, upsert_tools
 
 from satchel.server.config import Settings
 from satchel.server.domain.talent_selection import LISTED_EXCLUSIONS
 from satchel.v1 import talent_pb2
-
-
-def schema(**properties: str) -> str:
-    return json.dumps(
-        {
-            "type": "object",
-            "properties": {n: {"type": "string", "description": d} for n, d in properties.items()},
-            "required": list(properties)[:1],
-        }
-    )
-
-
-TOOLS: dict[str, tuple[str, str, str]] = {
-    "get_weather": (
-        "Current weather and the forecast for the next days in a city.",
-        schema(city="City name", days="How many days of forecast"),
-        "",
-    ),
-    "search_flights": (
-        "Find flights between two airports on a date, with prices.",
-        schema(origin="IATA code of the departure airport", destination="IATA code", date="Date"),
-        "",
-    ),
-    "book_table": (
-        "Book a table at a restaurant for a number of guests at a time.",
-        schema(restaurant="Restaurant id", guests="Number of guests", time="ISO time"),
-        "find_restaurant",
-    ),
-    "find_restaurant": (
-        "Find restaurants near a place by cuisine.",
-        schema(near="Address or place", cuisine="Kind of food"),
-        "",
-    ),
-    "send_email": (
-        "Send an email to a recipient with a subject and a body.",
-        schema(to="Recipient address", subject="Subject line", body="Text of the message"),
-        "",
-    ),
-    "convert_currency": (
-        "Convert an amount of money from one currency to another at today's exchange rate.",
-        schema(amount="Amount", source="ISO currency code", target="ISO currency code"),
-        "",
-    ),
-    "stock_quote": (
-        "The latest price of a stock by its ticker symbol.",
-        schema(ticker="Ticker symbol such as AAPL"),
-        "",
-    ),
-    "create_event": (
-        "Create a calendar event with a title, a start and an end time, and attendees.",
-        schema(title="Title", start="Start time", end="End time", attendees="Emails"),
-        "",
-    ),
-    "translate_text": (
-        "Translate a text into another language.",
-        schema(text="The text", target_language="Language code"),
-        "",
-    ),
-    "get_directions": (
-        "Driving, walking or transit directions between two places, with the travel time.",
-        schema(origin="Start address", destination="End address", mode="driving|walking|transit"),
-        "",
-    ),
-    "exchange_rate_cn": (
-        "查询两种货币之间的实时汇率",
-        schema(base="基础货币", quote="报价货币"),
-        "",
-    ),
-    "track_package": (
-        "Track a parcel by its tracking number and carrier.",
-        schema(tracking_number="Tracking number", carrier="Carrier name"),
-        "",
-    ),
-}
-
-
-async def upsert_tools(channel: grpc.aio.Channel, project_id: str) -> dict[str, str]:
-    talents = stub(channel)
-    ids = {name: f"{project_id}.{name}" for name in TOOLS}
-    for name, (description, input_schema, requires) in TOOLS.items():
-        talent = talent_pb2.Talent(
-            id=ids[name],
-            name=name,
-            summary=description,
-            input_schema=input_schema,
-            requires=[ids[requires]] if requires else [],
-        )
-        stored = await talents.UpsertTalent(talent_pb2.UpsertTalentRequest(talent=talent))
-        assert json.loads(stored.talent.input_schema) == json.loads(input_schema)
-    await activate(talents, project_id, ids.values())
-    return ids
 
 
 async def search(channel: grpc.aio.Channel, project_id: str, task: str, **limits: int):
