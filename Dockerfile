@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Production image. It always points at a PostgreSQL >= 15 with pgvector >= 0.8 through
 # SATCHEL_DATABASE_URL: it ships no embedded PostgreSQL and, without the DSN, stops at start with
-# one line saying so (SATCHEL_EMBEDDED_DATABASE=false). See README "Production".
+# one line saying so (SATCHEL_EMBEDDED_DATABASE=false). See docs/deploy.md.
 #
 # The base is pinned by digest: the multi-platform index of python:3.11-slim-bookworm (Python
 # 3.11.16) as the Docker Library records it (docker-library/repo-info,

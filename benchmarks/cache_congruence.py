@@ -1,5 +1,5 @@
-"""The scope cache cannot drift, run long: the property of tests/test_cache_congruence.py until
-`--writes` writes were acknowledged.
+"""The scope cache cannot drift, run long: the property of
+tests/context/test_cache_congruence.py until `--writes` writes were acknowledged.
 
     .venv/bin/python benchmarks/cache_congruence.py [--writes 2000] [--ops 24] [--seed N]
 
@@ -9,8 +9,8 @@ Hypothesis draws scenarios of up to `--ops` operations (every memory write RPC, 
 DeleteSubject and DeleteProject among them, on two subjects of a fresh project each) and runs
 them: after every acknowledged write the written scopes are read on the three servers, before
 and after the cached servers hold them in memory, and the packets must be identical; no
-deleted text may be served or stay in a cache's memory (tests/cache_congruence.py). Prints the
-writes acknowledged, the reads made, how many reads were served from memory, and every
+deleted text may be served or stay in a cache's memory (tests/helpers/cache_congruence.py).
+Prints the writes acknowledged, the reads made, how many reads were served from memory, and every
 mismatch (exit 1 when there is one).
 """
 
@@ -30,13 +30,13 @@ from hypothesis import settings as hypothesis_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import grpc
-from cache_congruence import Scenario, Server, Tally, operations
+from helpers.cache_congruence import Scenario, Server, Tally, operations
 
-from satchel.server.app import SatchelServer
-from satchel.server.config import Settings
-from satchel.server.logs import configure_logging
-from satchel.server.storage.embedded import start_pgserver
-from satchel.server.storage.migrations import apply_migrations
+from satchel.server.platform.app import SatchelServer
+from satchel.server.platform.config import Settings
+from satchel.server.platform.logs import configure_logging
+from satchel.server.platform.storage.embedded import start_pgserver
+from satchel.server.platform.storage.migrations import apply_migrations
 
 
 async def run(args: argparse.Namespace, scratch: Path) -> Tally:

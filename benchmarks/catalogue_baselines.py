@@ -50,9 +50,9 @@ from catalogues import (
 from py_rust_stemmers import SnowballStemmer
 from talent_calibration import VectorCache
 
-from satchel.server.config import Settings
-from satchel.server.domain.text_query import STOP_WORDS
+from satchel.server.context.domain.text_query import STOP_WORDS
 from satchel.server.embedding import load_embedder
+from satchel.server.platform.config import Settings
 
 RECALL_AT = (1, 3, 5, 10)
 K1 = 1.2

@@ -22,7 +22,8 @@ the load's facts/s, the tables' and indexes' sizes, and for the three largest sc
 0.1 % one and the median one: exact vs two-phase retrieval and top-10 agreement, the rows the
 K-nearest scan visits under the scope filter, and whole calls over gRPC. It measures them
 twice, side by side: with the global HNSW index only (before), then after the scope index
-maintenance has given each scope above SATCHEL_EXACT_SCOPE_MAX its own (server/scope_indexes.py,
+maintenance has given each scope above SATCHEL_EXACT_SCOPE_MAX its own
+(server/context/scope_indexes.py,
 timed). `--reuse DSN` measures a database such a run loaded (its scope indexes dropped first)
 instead of loading one.
 """
@@ -46,11 +47,13 @@ import numpy as np
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from satchel.server.config import ContextSettings, Settings
-from satchel.server.storage import context as store
-from satchel.server.storage import memory as memory_store
-from satchel.server.storage.migrations import apply_migrations
-from satchel.server.storage.pool import create_pool
+from satchel.server.context.storage.candidates import fetch_fact_candidates
+from satchel.server.context.storage.plan import plan_query
+from satchel.server.context.storage.sql import Scope
+from satchel.server.memory.storage import records as memory_store
+from satchel.server.platform.config import ContextSettings, Settings
+from satchel.server.platform.storage.migrations import apply_migrations
+from satchel.server.platform.storage.pool import create_pool
 
 NAMES = [
     "Caroline",
@@ -261,7 +264,7 @@ async def load_conversation(settings: Settings, project: str, facts: int, seed: 
     import grpc
     from google.protobuf import struct_pb2
 
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
     from satchel.v1 import memory_pb2, memory_pb2_grpc
 
     rng = random.Random(seed)
@@ -348,7 +351,7 @@ async def measure_sql(
     ranking, for the default settings and (`grid`) the settings of GRID."""
     pool = create_pool(dsn, min_size=1, max_size=2, ef_search=settings.hnsw_ef_search)
     await pool.open(wait=True)
-    scope = store.Scope(project, subject, datetime.now(UTC), historical=False)
+    scope = Scope(project, subject, datetime.now(UTC), historical=False)
     defaults = settings.context
     async with pool.connection() as conn:
         # The searched words and the scope's size need no vector: a context call looks them up
@@ -356,28 +359,26 @@ async def measure_sql(
         plan_ms, plans = [], []
         for text, _ in queries:
             started = time.perf_counter()
-            plans.append(await store.plan_query(conn, scope, text, defaults))
+            plans.append(await plan_query(conn, scope, text, defaults))
             plan_ms.append((time.perf_counter() - started) * 1000)
         exact_ms, exact_top = [], []
         reference = replace(defaults, candidate_limit=10)
         for (_, vector), plan in zip(queries, plans, strict=True):
             started = time.perf_counter()
-            rows = await store.fetch_fact_candidates(
-                conn, scope, vector, reference, plan, exact=True
-            )
+            rows = await fetch_fact_candidates(conn, scope, vector, reference, plan, exact=True)
             exact_ms.append((time.perf_counter() - started) * 1000)
-            exact_top.append([str(r["id"]) for r in rows[:10]])
+            exact_top.append([r.id for r in rows.facts[:10]])
         print(_row("exact full scan", exact_ms))
         print(_row("words and scope size (during the embedding)", plan_ms))
 
         async def run(cfg: ContextSettings, label: str) -> None:
             times, same, overlap = [], 0, 0.0
             for (text, vector), exact in zip(queries, exact_top, strict=True):
-                plan = await store.plan_query(conn, scope, text, cfg)
+                plan = await plan_query(conn, scope, text, cfg)
                 started = time.perf_counter()
-                rows = await store.fetch_fact_candidates(conn, scope, vector, cfg, plan)
+                rows = await fetch_fact_candidates(conn, scope, vector, cfg, plan)
                 times.append((time.perf_counter() - started) * 1000)
-                got = [str(r["id"]) for r in rows[:10]]
+                got = [r.id for r in rows.facts[:10]]
                 same += set(got) == set(exact)
                 overlap += len(set(got) & set(exact)) / max(1, len(exact))
             tail = (
@@ -418,7 +419,7 @@ async def measure_calls(
     """Whole AssembleContext calls over gRPC vs the query embedding alone, interleaved."""
     import grpc
 
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
     from satchel.v1 import context_pb2, context_pb2_grpc
 
     server = SatchelServer(replace(settings, listen="127.0.0.1:0"))
@@ -661,7 +662,7 @@ def loaded_sizes(dsn: str, project: str) -> list[int]:
 
 async def drop_scope_indexes(dsn: str) -> int:
     """Drop every scope index (the state before the maintenance); how many there were."""
-    from satchel.server.storage import scope_indexes as index_store
+    from satchel.server.context.storage import scope_indexes as index_store
 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         scopes = list(await index_store.registry(conn))
@@ -672,7 +673,7 @@ async def drop_scope_indexes(dsn: str) -> int:
 
 async def build_scope_indexes(dsn: str, settings: Settings) -> None:
     """One scope index maintenance run, as a server makes it; prints what it built."""
-    from satchel.server.scope_indexes import ScopeIndexes
+    from satchel.server.context.scope_indexes import ScopeIndexes
 
     started = time.perf_counter()
     outcome = await ScopeIndexes.from_settings(settings, dsn).run_once()
@@ -723,7 +724,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
-    from satchel.server.logs import configure_logging
+    from satchel.server.platform.logs import configure_logging
 
     configure_logging("warning", "console")
 
@@ -731,7 +732,7 @@ def main() -> int:
     embedded = None
     base_dsn = os.environ.get("SATCHEL_DATABASE_URL")
     if not base_dsn:
-        from satchel.server.storage.embedded import EmbeddedPostgres
+        from satchel.server.platform.storage.embedded import EmbeddedPostgres
 
         embedded = EmbeddedPostgres(work)
         base_dsn = embedded.start()

@@ -30,10 +30,10 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from satchel.server.app import SatchelServer
-from satchel.server.config import Settings
-from satchel.server.logs import configure_logging
-from satchel.server.runtime import Runtime
+from satchel.server.platform.app import SatchelServer
+from satchel.server.platform.config import Settings
+from satchel.server.platform.logs import configure_logging
+from satchel.server.platform.runtime import Runtime
 from satchel.v1 import memory_pb2, memory_pb2_grpc
 
 NAMES = ["Caroline", "Melanie", "Jordan", "Priya", "Tomas", "Aiko", "Lucas", "Amara", "Noah"]

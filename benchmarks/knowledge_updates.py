@@ -26,8 +26,8 @@ from pathlib import Path
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from satchel.server.app import SatchelServer
-from satchel.server.config import Settings
+from satchel.server.platform.app import SatchelServer
+from satchel.server.platform.config import Settings
 from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 # (question, predicate, [(days ago, statement)] oldest first)

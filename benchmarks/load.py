@@ -317,8 +317,8 @@ class CpuMeter:
 
 def _embed_alone(seconds: float, texts: list[str], results: Any) -> None:
     """In a process of its own: embed `texts` one at a time, in turn, for `seconds`."""
-    from satchel.server.config import Settings
     from satchel.server.embedding import load_embedder
+    from satchel.server.platform.config import Settings
 
     embedder = load_embedder(Settings.from_env())
     prefixed = [embedder.query_prefix + t for t in texts]

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from satchel.server.config import Settings
 from satchel.server.embedding import load_embedder
 from satchel.server.embedding.port import Embedder
 from satchel.server.evaluation.locomo import Conversation, load_conversations
 from satchel.server.evaluation.metrics import recall_at
+from satchel.server.platform.config import Settings
 
 KS = (5, 10, 25, 50)
 Embed = Callable[[Sequence[str]], np.ndarray]

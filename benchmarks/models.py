@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from satchel.server.config import DEFAULT_EMBED_MODEL
 from satchel.server.embedding import mpnet
 from satchel.server.embedding.fastembed_adapter import DEFAULT_MODEL_ID, FastEmbedEmbedder
 from satchel.server.evaluation.locomo import load_conversations
+from satchel.server.platform.config import DEFAULT_EMBED_MODEL
 
 WARMUP = 20
 

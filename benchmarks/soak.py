@@ -11,7 +11,7 @@ slow server does not slow the load down): 50 % AssembleContext, 20 % StreamConte
 packet, 20 % AssertFact, 10 % RecordEvent, each with a 30 s deadline. Every `--window` seconds
 it prints the calls, errors and latency percentiles of that window and the server's resident
 memory (RSS); at the end, the totals and the RSS trend. Exit status 1 when any call failed.
-Figures: benchmarks/soak.md. The CI test (tests/test_soak.py) runs it for 90 s.
+Figures: benchmarks/soak.md. The CI test (tests/project/test_soak.py) runs it for 90 s.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ a grid of FLOOR x BETA x MARGIN (budget 2000), the gate, then a budget sweep: re
 talents, mean share of the candidates' tokens served, mean talents served, share of in-domain
 queries wrongly gated, share of off-domain tasks gated.
 
-Every selection goes through `satchel.server.talents.resolve_selection`, the function the
+Every selection goes through `satchel.server.talents.service.resolve_selection`, the function the
 server's ResolveTalents calls, with vectors from the real embedder (passage/query prefixes as
 the server adds them).
 
@@ -56,9 +56,11 @@ from pathlib import Path
 import numpy as np
 
 from satchel.server.commands.talents import talent_from_text
-from satchel.server.config import Settings, TalentSettings
-from satchel.server.domain.talent_lexical import LexicalIndex
-from satchel.server.domain.talent_selection import (
+from satchel.server.embedding import load_embedder
+from satchel.server.embedding.port import Embedder
+from satchel.server.platform.config import Settings, TalentSettings
+from satchel.server.talents.domain.lexical import LexicalIndex
+from satchel.server.talents.domain.selection import (
     CentredSpace,
     ScorableTalent,
     Scoring,
@@ -66,10 +68,8 @@ from satchel.server.domain.talent_selection import (
     select,
     stems,
 )
-from satchel.server.embedding import load_embedder
-from satchel.server.embedding.port import Embedder
-from satchel.server.storage.talents import TalentRecord
-from satchel.server.talents import Resolution, default_params, resolve_selection, scorable
+from satchel.server.talents.service import Resolution, default_params, resolve_selection, scorable
+from satchel.server.talents.storage.catalogue import TalentRecord
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FLOORS = (0.10, 0.14, 0.18, 0.22, 0.26)
@@ -820,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir = Path(tempfile.gettempdir()) / "satchel-calibration"
     embedder = load_embedder(replace(settings, data_dir=cache_dir))
     cache = VectorCache(embedder, cache_dir)
-    from satchel.server.talents import model_defaults
+    from satchel.server.talents.service import model_defaults
 
     floor, beta, margin = model_defaults(embedder.model_id)
     floor = args.floor if args.floor is not None else floor

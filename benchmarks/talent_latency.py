@@ -33,8 +33,8 @@ sys.path.insert(0, str(HERE))
 from catalogues import load_catalogue  # noqa: E402
 from talent_calibration import _wait_for_port  # noqa: E402
 
-from satchel.server.config import Settings  # noqa: E402
 from satchel.server.embedding import load_embedder  # noqa: E402
+from satchel.server.platform.config import Settings  # noqa: E402
 
 CATALOGUES = ("seal_tools", "toolbench", "acebench_en", "acebench_zh", "azure_mcp")
 WARM_UP = 20

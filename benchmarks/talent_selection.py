@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b] [--gate-sweep]
 
-Runs the server's own selection (`satchel.server.domain.talent_selection.select` over a
+Runs the server's own selection (`satchel.server.talents.domain.selection.select` over a
 `FusedSpace` calibrated with the shipped unrelated tasks, as `TalentService` builds it) on every
 labelled set of benchmarks/talent_design/datasets.py: the public catalogues of
 benchmarks/data/catalogues/ (SOURCES.md), MetaTool, the coding catalogue and our own set. Per
@@ -41,23 +41,23 @@ from catalogue_baselines import BM25  # noqa: E402
 from datasets import Dataset, all_sets, off_domain  # noqa: E402
 from vectors import Vectors  # noqa: E402
 
-from satchel.server.config import TalentSettings  # noqa: E402
-from satchel.server.domain.talent_fusion import (  # noqa: E402
+from satchel.server.platform.config import TalentSettings  # noqa: E402
+from satchel.server.talents.domain.fusion import (  # noqa: E402
     GATE_QUANTILE,
     SIMILARITY_GATE_MIN,
     FusedSpace,
     merged_scores,
     sub_intents,
 )
-from satchel.server.domain.talent_lexical import FieldIndex  # noqa: E402
-from satchel.server.domain.talent_selection import (  # noqa: E402
+from satchel.server.talents.domain.lexical import FieldIndex  # noqa: E402
+from satchel.server.talents.domain.selection import (  # noqa: E402
     ScorableTalent,
     SelectionParams,
     select,
     stems,
 )
-from satchel.server.domain.talent_terms import is_english, task_terms  # noqa: E402
-from satchel.server.talents import default_params, unrelated_tasks  # noqa: E402
+from satchel.server.talents.domain.terms import is_english, task_terms  # noqa: E402
+from satchel.server.talents.service import default_params, unrelated_tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)
 

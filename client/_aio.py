@@ -1,4 +1,11 @@
-"""`AsyncSatchelClient`: the asyncio client (grpc.aio), the same methods as `SatchelClient`."""
+"""`AsyncSatchelClient`: the asyncio client (grpc.aio), the same methods as `SatchelClient`.
+
+This file is the SDK's source of truth: the blocking client, `client/_sync.py`, is generated
+from it by `scripts/generate-sync-client` (`async def` -> `def`, `await x` -> `x`, `AsyncStream`
+-> `Stream`, `grpc.aio.*` -> `grpc.*`, ...), with the few pieces that genuinely differ (the
+`Stream` class, some docstrings) written by hand in `client/_sync_parts.py`. Change this file,
+then run the script: `tests/sdk/test_sdk_generated.py` fails while `_sync.py` is not its output.
+"""
 
 from __future__ import annotations
 

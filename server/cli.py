@@ -16,16 +16,16 @@ from typing import Any
 import structlog
 
 from satchel import __version__
-from satchel.server.config import ConfigError, Settings, unknown_variables
-from satchel.server.logs import configure_logging
+from satchel.server.platform.config import ConfigError, Settings, unknown_variables
+from satchel.server.platform.logs import configure_logging
 
 log = structlog.get_logger("satchel")
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Run the gRPC server (and its worker processes) until SIGTERM or SIGINT."""
-    from satchel.server.app import SatchelServer
-    from satchel.server.processes import run_until_stopped
+    from satchel.server.platform.app import SatchelServer
+    from satchel.server.platform.processes import run_until_stopped
 
     server = SatchelServer(settings)
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -34,8 +34,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply pending migrations to SATCHEL_DATABASE_URL (or the embedded database)."""
-    from satchel.server.storage.embedded import database_url_or_embedded
-    from satchel.server.storage.migrations import apply_migrations
+    from satchel.server.platform.storage.embedded import database_url_or_embedded
+    from satchel.server.platform.storage.migrations import apply_migrations
 
     if not settings.database_url:
         settings.require_embedded_database()
@@ -50,8 +50,8 @@ def cmd_index_scopes(args: argparse.Namespace, settings: Settings) -> int:
     at start and then every SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS."""
     import psycopg
 
-    from satchel.server.scope_indexes import ScopeIndexes
-    from satchel.server.storage.embedded import database_url_or_embedded
+    from satchel.server.context.scope_indexes import ScopeIndexes
+    from satchel.server.platform.storage.embedded import database_url_or_embedded
 
     if not settings.database_url:
         settings.require_embedded_database()
@@ -83,7 +83,9 @@ def cmd_healthcheck(args: argparse.Namespace, settings: Settings) -> int:
     target = server_address(args)
     try:
         with _health_channel(args, settings, target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            stub = health_pb2_grpc.HealthStub(channel)
+            # types-grpcio-health-checking's HealthStub lacks the Check its __init__ sets.
+            reply: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
     except grpc.RpcError as exc:

@@ -62,10 +62,10 @@ KEY_CHECK_SECONDS = 5.0
 """How long a caller's key, once checked with satchel, is trusted (HTTP); as satchel's own
 key cache (SATCHEL_AUTH_CACHE_SECONDS)."""
 
-READ = ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False)
-WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False)
+READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 DELETE = ToolAnnotations(
-    readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False
+    read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
 )
 
 ProjectOverride = Annotated[

@@ -1,12 +1,17 @@
 """Shared fixtures: one real PostgreSQL (embedded, or SATCHEL_TEST_DATABASE_URL), the real
 embedding model, and a real satchel server on a loopback port.
 
-Tests isolate themselves by using a fresh project id, so nothing is cleaned between them.
+Tests isolate themselves by using a fresh project id, so nothing is cleaned between them. They
+live by use case (context/, memory/, talents/, platform/, …, as server/ is laid out); what
+they share is in helpers/ (`from helpers.servers import running`), and a test module may reuse
+another's scenario by its name (`from test_context import assemble`): every folder is on the
+path, whatever pytest collects first.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,9 +21,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from satchel.server.config import Settings
+from satchel.server.platform.config import Settings
 
 TEST_ROOT = Path(os.environ.get("SATCHEL_TEST_DIR", "/var/tmp/satchel-tests"))
+sys.path[:0] = sorted(
+    str(folder)
+    for folder in Path(__file__).parent.iterdir()
+    if folder.is_dir() and folder.name not in ("helpers", "__pycache__")
+)
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +40,8 @@ def test_root() -> Path:
 @pytest.fixture(scope="session")
 def pg_dsn(test_root: Path) -> Iterator[str]:
     """A migrated PostgreSQL with pgvector for the whole session."""
-    from satchel.server.storage.embedded import start_pgserver
-    from satchel.server.storage.migrations import apply_migrations
+    from satchel.server.platform.storage.embedded import start_pgserver
+    from satchel.server.platform.storage.migrations import apply_migrations
 
     external = os.environ.get("SATCHEL_TEST_DATABASE_URL")
     if external:
@@ -71,7 +81,7 @@ def settings(pg_dsn: str, test_root: Path) -> Settings:
 @pytest.fixture(scope="session")
 async def server(settings: Settings) -> AsyncIterator:
     """A real satchel server in this process, on a free loopback port."""
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
 
     srv = SatchelServer(settings)
     await srv.start()
@@ -93,7 +103,7 @@ async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture(scope="session")
 async def seed_server(settings: Settings) -> AsyncIterator:
     """A second server on the same database ranking as the seed does (SATCHEL_RANKING=seed)."""
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
 
     srv = SatchelServer(replace(settings, context=settings.context.with_ranking("seed")))
     await srv.start()
@@ -118,7 +128,7 @@ def start_server(settings: Settings):
     """Start extra servers on the same database with other context settings; stopped after."""
     from contextlib import asynccontextmanager
 
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
 
     @asynccontextmanager
     async def start(**context_overrides):

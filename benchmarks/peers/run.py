@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from satchel.server.domain.rendering import estimate_tokens, excerpt
 from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
 from satchel.server.evaluation import locomo
 from satchel.server.evaluation.locomo import ADVERSARIAL, CATEGORIES, Conversation
@@ -41,6 +40,7 @@ from satchel.server.evaluation.metrics import (
     rank,
     summarise,
 )
+from satchel.server.memory.domain.rendering import estimate_tokens, excerpt
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 900

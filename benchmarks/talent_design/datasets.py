@@ -11,7 +11,7 @@
 - our own labelled set (benchmarks/data/talent_tasks.json): its 71-talent slice, the 66
   English tasks and their 66 French twins, and its 12 + 12 off-domain tasks;
 - the 60 off-domain tasks of off_domain.json (evaluation only) and the shipped calibration
-  tasks (server/unrelated_tasks.json).
+  tasks (server/talents/unrelated_tasks.json).
 
 DEV / validation: a task is DEV when the first hex digit of sha1(task id) is even, on the DEV
 catalogues only (MetaTool single and multi, seal_tools, acebench_en, coding, own English).

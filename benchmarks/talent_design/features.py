@@ -50,8 +50,8 @@ class Catalogue:
     @functools.cached_property
     def old(self):
         """The server's hybrid pieces: ScorableTalent texts, their vectors, stems, index."""
-        from satchel.server.domain.talent_lexical import LexicalIndex as OldIndex
-        from satchel.server.domain.talent_selection import ScorableTalent
+        from satchel.server.talents.domain.lexical import LexicalIndex as OldIndex
+        from satchel.server.talents.domain.selection import ScorableTalent
 
         scorable = [
             ScorableTalent.build(id=t.id, name=t.name, summary=t.summary, body=t.body, tags=t.tags)
@@ -86,7 +86,7 @@ def baseline_bm25(cat: Catalogue, texts: list[str]) -> np.ndarray:
 def old_hybrid(cat: Catalogue, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The server's hybrid score (cosine + 0.12 x stem hits + 0.3 x BM25 / best), its plain
     cosine and stem hits, for the gate (best cosine < 0.22 and no stem hit)."""
-    from satchel.server.domain.talent_selection import stems
+    from satchel.server.talents.domain.selection import stems
 
     scorable, vectors, index = cat.old
     q = unit(cat.vectors.queries(texts))

@@ -1,7 +1,7 @@
 """The design probe's texts and BM25F index (probe.py, features.py).
 
-What was kept is in the server: the words in `server/domain/talent_terms.py` (imported here),
-BM25F as `talent_lexical.FieldIndex`, the fusion, gate and cut in `talent_fusion.py`. The
+What was kept is in the server: the words in `server/talents/domain/terms.py` (imported here),
+BM25F as `talent_lexical.FieldIndex`, the fusion, gate and cut in `talents/domain/fusion.py`. The
 measurements that chose them are in `results.md` and benchmarks/talents.md.
 """
 
@@ -57,8 +57,8 @@ def full_text(talent: TalentText) -> str:
 # --- words ---------------------------------------------------------------------------------
 
 # The words of talents and tasks: the server's own analyzer (ported from this probe).
-from satchel.server.domain.talent_lexical import FieldIndex, TalentFields  # noqa: E402
-from satchel.server.domain.talent_terms import (  # noqa: E402
+from satchel.server.talents.domain.lexical import FieldIndex, TalentFields  # noqa: E402
+from satchel.server.talents.domain.terms import (  # noqa: E402
     REQUEST_WORDS,
     STOP_WORDS,
     analyze,
@@ -84,7 +84,7 @@ def _fields(talent: TalentText) -> TalentFields:
 
 
 class LexicalIndex:
-    """BM25F over a fixed talent set: `satchel.server.domain.talent_lexical.FieldIndex` (name
+    """BM25F over a fixed talent set: `satchel.server.talents.domain.lexical.FieldIndex` (name
     x3, tags x1.5, summary x2, body x1) over these texts."""
 
     def __init__(self, index: FieldIndex) -> None:

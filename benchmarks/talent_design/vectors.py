@@ -25,8 +25,8 @@ MODELS = {
 
 
 def load(model: str):
-    from satchel.server.config import Settings
     from satchel.server.embedding import load_embedder
+    from satchel.server.platform.config import Settings
 
     settings = Settings.from_env()
     return load_embedder(

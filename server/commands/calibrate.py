@@ -6,14 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from satchel.server.config import ConfigError, Settings
+from satchel.server.platform.config import ConfigError, Settings
 
 DEFAULT_LOCOMO = Path("../shared/data/locomo/locomo_dev.json")
 
 
 def cmd_calibrate_floor(args: argparse.Namespace, settings: Settings) -> int:
     """Print the distance distributions and the proposed SATCHEL_RECALL_MAX_DISTANCE."""
-    from satchel.server.calibration import calibrate, jsonl_pairs, locomo_pairs
+    from satchel.server.context.calibration import calibrate, jsonl_pairs, locomo_pairs
     from satchel.server.embedding import load_embedder
 
     if args.pairs is not None:
@@ -44,7 +44,7 @@ def cmd_calibrate_floor(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "calibrate-floor", help="measure the relevance floor for the configured embedder"
     )

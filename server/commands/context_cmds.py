@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterable
 from itertools import chain
-from typing import Any
 
 import grpc
 from rich.console import Console
@@ -39,7 +38,7 @@ from satchel.server.commands.view import (
     stats_table,
     trace_view,
 )
-from satchel.server.config import Settings
+from satchel.server.platform.config import Settings
 from satchel.v1 import context_pb2
 
 
@@ -191,7 +190,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `context`, `trace`, `watch` and `stats`."""
     ctx = commands.add_parser("context", help="stream a context call: decisions, then the packet")
     ctx.add_argument("--project", required=True)

@@ -34,8 +34,8 @@ from satchel.server.commands.common import (
 )
 from satchel.server.commands.context_cmds import show_stream
 from satchel.server.commands.view import console, progress_steps, selection_view
-from satchel.server.config import Settings
-from satchel.server.logs import configure_logging
+from satchel.server.platform.config import Settings
+from satchel.server.platform.logs import configure_logging
 
 DEMO_PROJECT = "demo"
 KEY_PREFIX = "satchel-demo-"
@@ -45,7 +45,7 @@ START_TIMEOUT_SECONDS = 300.0
 @contextmanager
 def embedded_server(settings: Settings) -> Iterator[str]:
     """Run a satchel server on a free loopback port in a background thread; yield its address."""
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
 
     server = SatchelServer(replace(settings, listen="127.0.0.1:0"))
     loop = asyncio.new_event_loop()
@@ -80,7 +80,7 @@ def load_sample(
     now = datetime.now(UTC)
     event_ids: dict[str, str] = {}
     for event in sample.EVENTS:
-        reply = api.record_event(
+        recorded = api.record_event(
             project_id,
             subject_id,
             "conversation.message",
@@ -88,11 +88,11 @@ def load_sample(
             occurred_at=now - timedelta(days=event.days_ago),
             idempotency_key=KEY_PREFIX + event.key,
         )
-        event_ids[event.key] = reply.event.id
+        event_ids[event.key] = recorded.event.id
         step("events")
     fact_ids: dict[str, str] = {}
     for fact in sample.FACTS:
-        reply = api.assert_fact(
+        asserted = api.assert_fact(
             project_id,
             subject_id,
             fact.predicate,
@@ -104,7 +104,7 @@ def load_sample(
             stale_after=fact.stale_after,
             idempotency_key=KEY_PREFIX + fact.key,
         )
-        fact_ids[fact.key] = reply.fact.id
+        fact_ids[fact.key] = asserted.fact.id
         step("facts")
     members = {fact_ids[key] for key in sample.CONFLICT}
     conflicts = api.list_conflicts(project_id, subject_id, include_resolved=True).conflicts
@@ -205,7 +205,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
             return fail(exc, address)
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `demo`."""
     demo = commands.add_parser(
         "demo", help="load a sample memory and talents, then stream a context call"

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from satchel.server.config import ConfigError, Settings
-from satchel.server.logs import configure_logging
+from satchel.server.platform.config import ConfigError, Settings
+from satchel.server.platform.logs import configure_logging
 
 
 def _existing(path: Path, option: str) -> Path:
@@ -56,7 +56,7 @@ def cmd_eval_locomo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `satchel eval locomo`."""
     from satchel.server.evaluation import harness, locomo
 

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import psycopg
 
-from satchel.server.auth import SHOWN_PREFIX_CHARS, generate_key, hash_key
-from satchel.server.config import ConfigError, Settings
+from satchel.server.platform.auth import SHOWN_PREFIX_CHARS, generate_key, hash_key
+from satchel.server.platform.config import ConfigError, Settings
 
 _Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -26,8 +26,8 @@ _Command = Callable[[argparse.Namespace, Settings], int]
 @contextmanager
 def _database(settings: Settings) -> Iterator[psycopg.Connection]:
     """A migrated database connection (autocommit), starting the embedded server if needed."""
-    from satchel.server.storage.embedded import EmbeddedPostgres
-    from satchel.server.storage.migrations import apply_migrations
+    from satchel.server.platform.storage.embedded import EmbeddedPostgres
+    from satchel.server.platform.storage.migrations import apply_migrations
 
     embedded = None
     dsn = settings.database_url
@@ -49,9 +49,9 @@ def _database(settings: Settings) -> Iterator[psycopg.Connection]:
 
 def cmd_keys_create(args: argparse.Namespace, settings: Settings) -> int:
     """Create a key; print what it is, then the key alone on the last line."""
-    from satchel.server.api.validation import check_id
-    from satchel.server.errors import Violations
-    from satchel.server.storage.keys import create_key
+    from satchel.server.platform.api.validation import check_id
+    from satchel.server.platform.errors import Violations
+    from satchel.server.platform.storage.keys import create_key
 
     if args.admin == (args.project is not None):
         raise ConfigError("pass either --project P or --admin")
@@ -78,7 +78,7 @@ def cmd_keys_create(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_keys_revoke(args: argparse.Namespace, settings: Settings) -> int:
     """Revoke a key by id or by its value; exit 1 when no such key exists."""
-    from satchel.server.storage.keys import revoke_key
+    from satchel.server.platform.storage.keys import revoke_key
 
     if (args.key_id is None) == (args.key is None):
         raise ConfigError("pass either KEY_ID or --key KEY")
@@ -95,13 +95,15 @@ def cmd_keys_revoke(args: argparse.Namespace, settings: Settings) -> int:
     if row is None:
         print("no such key", file=sys.stderr)
         return 1
+    if row.revoked_at is None:  # revoke_key sets it
+        raise RuntimeError(f"key {row.id} came back from revoke_key unrevoked")
     print(f"revoked key {row.id} ({row.prefix}…) at {row.revoked_at.isoformat()}")
     return 0
 
 
 def cmd_keys_list(args: argparse.Namespace, settings: Settings) -> int:
     """List keys (never their values): id, project, prefix, created, last used, revoked."""
-    from satchel.server.storage.keys import list_keys
+    from satchel.server.platform.storage.keys import list_keys
 
     with _database(settings) as conn:
         rows = list_keys(conn, args.project)
@@ -121,7 +123,7 @@ def cmd_keys_list(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("keys", help="create, revoke and list API keys")
     keys = parser.add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key (printed alone on the last line)")

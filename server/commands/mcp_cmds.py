@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from satchel.server.commands import common
-from satchel.server.config import Settings, is_address
+from satchel.server.platform.config import Settings, is_address
 
 MISSING_SDK = (
     "satchel mcp needs the MCP SDK: pip install 'satchel[mcp]' (scripts/setup installs it)"
@@ -98,7 +98,7 @@ def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `mcp`."""
     parser = commands.add_parser(
         "mcp",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from itertools import islice
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from satchel.client import SatchelError
 from satchel.server.commands.common import (
@@ -17,7 +17,7 @@ from satchel.server.commands.common import (
     server_address,
 )
 from satchel.server.commands.view import console, events_table, facts_table
-from satchel.server.config import Settings
+from satchel.server.platform.config import Settings
 from satchel.v1 import memory_pb2
 
 T = TypeVar("T")
@@ -84,7 +84,7 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `facts` and `events`."""
     facts = commands.add_parser("facts", help="list the facts of a scope")
     facts.add_argument("--project", required=True)

@@ -1,5 +1,5 @@
 """`satchel purge`: after a deletion, take the deleted text out of PostgreSQL's files too, and
-report what may still hold it (README "Forgetting on disk")."""
+report what may still hold it (docs/memory.md "Forgetting on disk")."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import json
 import sys
 import time
 from dataclasses import asdict
-from typing import Any
 
-from satchel.server.config import Settings
-from satchel.server.storage.erasure import WalReport
+from satchel.server.memory.storage.erasure import WalReport
+from satchel.server.platform.config import Settings
 
 EXIT_CLEAR, EXIT_HELD, EXIT_REFUSED = 0, 3, 2
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     purge = commands.add_parser(
         "purge",
         help="vacuum what deletions left in the database files and report the WAL that may "
@@ -53,8 +52,8 @@ def register(commands: Any) -> None:
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
-    from satchel.server.storage import erasure
-    from satchel.server.storage.embedded import database_url_or_embedded
+    from satchel.server.memory.storage import erasure
+    from satchel.server.platform.storage.embedded import database_url_or_embedded
 
     if not settings.database_url:
         settings.require_embedded_database()
@@ -111,5 +110,5 @@ def print_report(args: argparse.Namespace, deletion: str, report: WalReport) -> 
         print(f"may still hold it: {reason}")
     print(
         "beyond the database's own files: WAL archives, base backups, replicas' disks and the "
-        "file system's freed blocks are the operator's (README \"Forgetting on disk\")"
+        "file system's freed blocks are the operator's (docs/memory.md \"Forgetting on disk\")"
     )

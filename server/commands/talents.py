@@ -26,7 +26,7 @@ from rich.text import Text
 
 from satchel.client import SatchelClient, SatchelError
 from satchel.server.commands import common, view
-from satchel.server.config import Settings
+from satchel.server.platform.config import Settings
 from satchel.v1 import talent_pb2
 
 LIST_FIELDS: tuple[str, ...] = (
@@ -63,7 +63,8 @@ def _unquote(text: str) -> str:
 def _split_commas(text: str) -> list[str]:
     """Split on commas outside braces, brackets and quotes (`**/*.{ts,tsx}, a` has two)."""
     items: list[str] = []
-    depth, quote, current = 0, "", []
+    depth, quote = 0, ""
+    current: list[str] = []
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -174,17 +175,19 @@ class TalentFile:
     pinned: bool = False
     input_schema: str = ""
 
-    def message(self) -> Any:
+    def message(self) -> talent_pb2.Talent:
         """The `satchel.v1.Talent` to upsert."""
-        return talent_pb2.Talent(
+        talent = talent_pb2.Talent(
             id=self.id,
             name=self.name,
             summary=self.summary,
             body=self.body,
             pinned=self.pinned,
             input_schema=self.input_schema,
-            **self.lists,
         )
+        for name, values in self.lists.items():  # repeated fields (LIST_FIELDS)
+            getattr(talent, name).extend(values)
+        return talent
 
 
 def talent_from_text(text: str, path: Path, root: Path) -> TalentFile:
@@ -503,7 +506,7 @@ def _address_option(parser: argparse.ArgumentParser) -> None:
     common.add_client_options(parser, timeout=TIMEOUT_SECONDS)
 
 
-def register(commands: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `talents` (import, list, activate, resolve) and `doctor` to the `satchel` command."""
     talents = commands.add_parser("talents", help="the talent catalogue and selection")
     sub = talents.add_subparsers(dest="talents_command", required=True)

@@ -268,6 +268,7 @@ def selection_table(
     for name in ("score", *parts, "tok"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("reason", overflow="fold")
+    rows: list[tuple[talent_pb2.SelectedTalent | talent_pb2.ExcludedTalent, str, str]]
     rows = [(t, "selected", "green") for t in selection.selected]
     rows += [(t, "excluded", "yellow") for t in selection.excluded]
     for t, outcome, style in rows:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from satchel.server.config import Settings
 from satchel.server.embedding.port import Embedder
+from satchel.server.platform.config import Settings
 
 
 def load_embedder(settings: Settings) -> Embedder:

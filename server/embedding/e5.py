@@ -27,13 +27,13 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from satchel.server.config import ConfigError
 from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
 from satchel.server.embedding.packaged import packaged_file
+from satchel.server.platform.config import ConfigError
 
 if TYPE_CHECKING:
     import onnx
@@ -100,7 +100,8 @@ class Checkpoint:
     def matrix(self, name: str, columns: int) -> np.ndarray:
         """A Q4_0 matrix [rows, columns], dequantized to float32 (exactly)."""
         values, scales = self.blocks(name, columns)
-        return (values.astype(np.float32) * scales).reshape(-1, columns)
+        matrix: np.ndarray = (values.astype(np.float32) * scales).reshape(-1, columns)
+        return matrix
 
     def blocks(self, name: str, columns: int) -> tuple[np.ndarray, np.ndarray]:
         """A Q4_0 matrix as int8 values [rows, blocks, 32] and float32 scales [rows, blocks, 1]."""
@@ -120,6 +121,7 @@ class _Reader:
         self.offset = 0
 
     def scalar(self, code: str) -> int | float:
+        value: int | float
         (value,) = struct.unpack_from("<" + code, self.data, self.offset)
         self.offset += struct.calcsize(code)
         return value
@@ -315,7 +317,7 @@ class _Graph:
             self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def node(self, op: str, inputs: list[str], name: str, **attrs: object) -> str:
+    def node(self, op: str, inputs: list[str], name: str, **attrs: Any) -> str:
         from onnx import helper
 
         self.nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
@@ -331,7 +333,7 @@ class _Graph:
             helper.make_tensor_value_info(name, TensorProto.INT64, sequence)
             for name in ("input_ids", "attention_mask")
         ]
-        hidden = [*sequence, DIMENSION]
+        hidden: list[str | int] = [*sequence, DIMENSION]
         outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, hidden)]
         graph = helper.make_graph(
             self.nodes, "multilingual-e5-small", inputs, outputs, self.initializers
@@ -357,8 +359,8 @@ def _embeddings(graph: _Graph, checkpoint: Checkpoint) -> str:
     values, scales = checkpoint.blocks("emb.word", DIMENSION)  # [rows, 12, 32], [rows, 12, 1]
     word_values = graph.node("Gather", [graph.const("word_table", values), "input_ids"], "word_q")
     word_values = graph.node("Cast", [word_values], "word_q_f", to=TensorProto.FLOAT)
-    scales = graph.const("word_table_scales", scales)
-    word_scales = graph.node("Gather", [scales, "input_ids"], "word_scales")
+    scale_table = graph.const("word_table_scales", scales)
+    word_scales = graph.node("Gather", [scale_table, "input_ids"], "word_scales")
     word = graph.node("Mul", [word_values, word_scales], "word_blocks")
     word = graph.node("Reshape", [word, _merged_shape(graph)], "word")
     summed = graph.node("Add", [word, _positions(graph, checkpoint)], "embed_sum")
@@ -367,8 +369,8 @@ def _embeddings(graph: _Graph, checkpoint: Checkpoint) -> str:
 
 def _positions(graph: _Graph, checkpoint: Checkpoint) -> str:
     """The position table's first S rows (positions 0..S-1), token type 0 folded in."""
-    table = checkpoint.vector("emb.pos").reshape(-1, DIMENSION)
-    table = graph.const("position_table", table + checkpoint.vector("emb.type")[:DIMENSION])
+    rows = checkpoint.vector("emb.pos").reshape(-1, DIMENSION)
+    table = graph.const("position_table", rows + checkpoint.vector("emb.type")[:DIMENSION])
     zero, one, two = (graph.const(f"index_{i}", np.array([i], np.int64)) for i in range(3))
     shape = graph.node("Shape", ["input_ids"], "ids_shape")
     length = graph.node("Slice", [shape, one, two, zero], "sequence_length")

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from satchel.server.config import DEFAULT_EMBED_MODEL, ConfigError
 from satchel.server.embedding.onnx_graph import quantize_int8
+from satchel.server.platform.config import DEFAULT_EMBED_MODEL, ConfigError
 
 # fastembed asks the Hugging Face hub when a model directory is incomplete and retries for
 # ~40 s; offline mode turns a misconfiguration into an immediate error.

@@ -24,12 +24,13 @@ import os
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from satchel.server.config import ConfigError
 from satchel.server.embedding.onnx_graph import quantize_int8, save_graph
 from satchel.server.embedding.packaged import packaged_file
+from satchel.server.platform.config import ConfigError
 
 MODEL_NAME = "sentence-transformers/all-mpnet-base-v2"
 MODEL_ID = "all-mpnet-base-v2-onnx-qint8"
@@ -203,7 +204,7 @@ def write_float_graph(source: Path, out: Path) -> None:
         initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def node(op: str, inputs: list[str], name: str, **attrs: object) -> str:
+    def node(op: str, inputs: list[str], name: str, **attrs: Any) -> str:
         nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
         return name
 

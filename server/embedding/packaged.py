@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from satchel.server.config import ConfigError
+from satchel.server.platform.config import ConfigError
 
 
 def packaged_file(package: str, version: str, filename: str, model: str, hint: str) -> Path:

@@ -33,8 +33,6 @@ import grpc
 import numpy as np
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from satchel.server.config import Settings
-from satchel.server.domain.rendering import estimate_tokens, excerpt
 from satchel.server.embedding.port import Embedder
 from satchel.server.evaluation import locomo
 from satchel.server.evaluation.locomo import CATEGORIES, Conversation, Question
@@ -47,6 +45,8 @@ from satchel.server.evaluation.metrics import (
     recall_at,
     summarise,
 )
+from satchel.server.memory.domain.rendering import estimate_tokens, excerpt
+from satchel.server.platform.config import Settings
 from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 EVENT_KIND = "conversation.message"
@@ -390,7 +390,7 @@ async def run(
         report["settings"] = {"server": address, "context": "as configured on that server"}
         return report
 
-    from satchel.server.app import SatchelServer
+    from satchel.server.platform.app import SatchelServer
 
     scratch = None
     if not settings.database_url:

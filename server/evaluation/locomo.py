@@ -122,7 +122,9 @@ def turn_ids_in(values: Iterable[Any], known: frozenset[str] | None = None) -> t
     return tuple(found)
 
 
-def _sessions(conversation: Mapping[str, Any]) -> list[tuple[int, datetime, list[dict]]]:
+def _sessions(
+    conversation: Mapping[str, Any],
+) -> list[tuple[int, datetime, list[dict[str, Any]]]]:
     sessions = []
     for key, value in conversation.items():
         match = _SESSION_KEY.fullmatch(key)

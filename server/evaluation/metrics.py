@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from satchel.server.domain.text_query import STOP_WORDS
+from satchel.server.context.domain.text_query import STOP_WORDS
 
 _WORD = re.compile(r"\w+")
 

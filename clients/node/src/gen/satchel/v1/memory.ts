@@ -284,7 +284,7 @@ export interface RecordEventResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -305,7 +305,7 @@ export interface BatchRecordEventsResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -419,7 +419,7 @@ export interface AssertFactResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -440,7 +440,7 @@ export interface BatchAssertFactsResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -464,7 +464,7 @@ export interface RetireFactResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -491,7 +491,7 @@ export interface SupersedeFactResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -564,7 +564,7 @@ export interface OpenConflictResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -588,7 +588,7 @@ export interface ResolveConflictResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -675,7 +675,7 @@ export interface DeleteEventResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -697,7 +697,7 @@ export interface DeleteSubjectResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }
@@ -720,7 +720,7 @@ export interface DeleteProjectResponse {
   /**
    * The primary's WAL position once this write committed, opaque: pass it as
    * `min_consistency_token` of a later read to see this write even where reads go to a
-   * replica (README "Running at scale", "Read replicas").
+   * replica (docs/scale.md "Read replicas").
    */
   consistencyToken: string;
 }

@@ -1,0 +1,210 @@
+"""In-memory copies of the scopes a server reads most: their events and their facts.
+
+Hybrid ranking scores every event and every fact of a scope (cosine and BM25); done by the
+database, these are the costliest statements of a context call. A scope that is read without
+changing is worth holding in memory: the second call that finds a scope's events (or facts) at
+the same version (migration 0018: every write gives them a new one) has them loaded in the
+background, and the calls that find them at that version rank them in memory
+(`domain.episode_ranking`, `domain.fact_ranking`: the statements' ranking step for step). A
+write moves the version: the calls after it use the statements until the scope is read twice at
+its new version, so a scope written between every read (an agent's own loop) is never loaded
+for nothing. A scope at version 0 (not written since the migration, or deleted) is never held.
+
+Bounded: a scope with more than `max_rows` events (or facts) is not held, and the least
+recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary;
+a version is loaded at most once (a copy too large, a failed load or a lagging replica's
+version is not asked for again), unless its copy was dropped for room.
+
+Erasure: a copy found at an older version is dropped at once, and a deletion (DeleteEvent,
+DeleteSubject, DeleteProject, announced to every server at commit) drops the scope's copies
+and discards a load of it in flight, so deleted text does not stay in memory until eviction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from psycopg_pool import AsyncConnectionPool
+
+from satchel.server.context.domain.episode_ranking import ScopeEvents
+from satchel.server.context.domain.fact_ranking import ScopeFacts
+from satchel.server.context.storage.scopes import load_scope_events, load_scope_facts
+from satchel.server.platform.storage.pool import autocommit
+
+log = logging.getLogger(__name__)
+
+EVENTS, FACTS = "events", "facts"
+ScopeKey = tuple[str, str, str]  # (EVENTS or FACTS, project_id, subject_id)
+Held = ScopeEvents | ScopeFacts
+_LOADERS = {EVENTS: load_scope_events, FACTS: load_scope_facts}
+# A scope not written since migration 0018, or deleted (its version row goes with it): never
+# held, as two different states of the scope share it.
+NO_VERSION = 0
+MAX_SIGHTINGS = 65_536  # scopes whose last version read is remembered
+
+
+@dataclass
+class _Sighting:
+    """The version a scope's events (or facts) were last found at, and whether a load of that
+    version was asked for."""
+
+    version: int
+    load_asked: bool = False
+
+
+@dataclass
+class ScopeCacheStats:
+    """What the cache did with one kind (events or facts) since the server started."""
+
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    too_large: int = 0
+    evictions: int = 0
+
+
+class ScopeCache:
+    """Scopes' events and facts held in memory, each at the version it was loaded."""
+
+    def __init__(self, pool: AsyncConnectionPool, max_bytes: int, max_rows: int) -> None:
+        self._pool = pool
+        self.max_bytes = max_bytes
+        self.max_rows = max_rows
+        self._scopes: OrderedDict[ScopeKey, Held] = OrderedDict()
+        self._sightings: OrderedDict[ScopeKey, _Sighting] = OrderedDict()
+        self._queue: OrderedDict[ScopeKey, None] = OrderedDict()  # an ordered set
+        self._loader: asyncio.Task[None] | None = None
+        self._loading: ScopeKey | None = None
+        self._loading_erased = False  # the scope loading now was erased meanwhile
+        self.bytes = 0
+        self.stats = {EVENTS: ScopeCacheStats(), FACTS: ScopeCacheStats()}
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0 and self.max_rows > 0
+
+    def __len__(self) -> int:
+        return len(self._scopes)
+
+    def events(self, project_id: str, subject_id: str, version: int) -> ScopeEvents | None:
+        """The scope's events if held at `version` (see `lookup`)."""
+        held = self.lookup((EVENTS, project_id, subject_id), version)
+        assert held is None or isinstance(held, ScopeEvents)
+        return held
+
+    def facts(self, project_id: str, subject_id: str, version: int) -> ScopeFacts | None:
+        """The scope's active facts if held at `version` (see `lookup`)."""
+        held = self.lookup((FACTS, project_id, subject_id), version)
+        assert held is None or isinstance(held, ScopeFacts)
+        return held
+
+    def lookup(self, key: ScopeKey, version: int) -> Held | None:
+        """What `key` names if held at `version`; otherwise None, and it is loaded when this
+        is the second call in a row to find it at this version."""
+        if not self.enabled or version == NO_VERSION:
+            return None
+        stats = self.stats[key[0]]
+        held = self._scopes.get(key)
+        if held is not None and held.version == version:
+            self._scopes.move_to_end(key)
+            stats.hits += 1
+            return held
+        stats.misses += 1
+        if held is not None:  # an older version: never served again
+            self._drop(key)
+        seen = self._sightings.get(key)
+        if seen is None or seen.version != version:
+            self._sightings[key] = _Sighting(version)
+            if len(self._sightings) > MAX_SIGHTINGS:
+                self._sightings.popitem(last=False)
+        elif not seen.load_asked:  # once a version: not again when too large or failing
+            seen.load_asked = True
+            self._enqueue(key)
+        self._sightings.move_to_end(key)
+        return None
+
+    def _enqueue(self, key: ScopeKey) -> None:
+        self._queue[key] = None
+        if self._loader is None or self._loader.done():
+            self._loader = asyncio.create_task(self._load_queued(), name="scope-cache-load")
+
+    async def _load_queued(self) -> None:
+        while self._queue:
+            key, _ = self._queue.popitem(last=False)
+            kind, project_id, subject_id = key
+            self._loading, self._loading_erased = key, False
+            try:
+                async with autocommit(self._pool) as conn:
+                    held = await _LOADERS[kind](conn, project_id, subject_id, self.max_rows)
+            except Exception:  # the calls keep using the statements
+                log.exception("scope cache: loading %s failed", key)
+                continue
+            finally:
+                self._loading = None
+            self.stats[kind].loads += 1
+            if self._loading_erased:
+                continue
+            if held is None:
+                self.stats[kind].too_large += 1
+                continue
+            self.put(key, held)
+
+    def put(self, key: ScopeKey, held: Held) -> None:
+        """Hold a scope's events or facts, dropping the least recently read beyond the budget."""
+        previous = self._scopes.pop(key, None)
+        if previous is not None:
+            self.bytes -= previous.nbytes
+        if held.nbytes > self.max_bytes:
+            self.stats[key[0]].too_large += 1
+            return
+        self._scopes[key] = held
+        self.bytes += held.nbytes
+        while self.bytes > self.max_bytes:
+            dropped_key, dropped = self._scopes.popitem(last=False)
+            self.bytes -= dropped.nbytes
+            self.stats[dropped_key[0]].evictions += 1
+            seen = self._sightings.get(dropped_key)
+            if seen is not None and seen.version == dropped.version:
+                seen.load_asked = False  # read twice more at its version, it comes back
+
+    def forget(self, project_id: str, subject_id: str | None) -> None:
+        """Drop what is held of a scope (of every scope of the project when `subject_id` is
+        None): its copies, its queued loads, a load in flight."""
+
+        def erased(key: ScopeKey) -> bool:
+            return key[1] == project_id and subject_id in (None, key[2])
+
+        for key in [k for k in self._scopes if erased(k)]:
+            self._drop(key)
+        for key in [k for k in self._queue if erased(k)]:
+            del self._queue[key]
+        for key in [k for k in self._sightings if erased(k)]:
+            del self._sightings[key]
+        if self._loading is not None and erased(self._loading):
+            self._loading_erased = True
+
+    def copies(self, project_id: str) -> list[Held]:
+        """The copies held of the project's scopes, whatever their version."""
+        return [held for key, held in self._scopes.items() if key[1] == project_id]
+
+    def held(self, project_id: str, subject_id: str) -> list[str]:
+        """The kinds (EVENTS, FACTS) held of a scope, whatever their version."""
+        return [kind for kind in (EVENTS, FACTS) if (kind, project_id, subject_id) in self._scopes]
+
+    def _drop(self, key: ScopeKey) -> None:
+        self.bytes -= self._scopes.pop(key).nbytes
+
+    async def wait_loaded(self) -> None:
+        """Wait for the loads queued so far (tests, benchmarks)."""
+        while self._loader is not None and not self._loader.done():
+            await asyncio.shield(self._loader)
+
+    async def close(self) -> None:
+        """Stop loading."""
+        self._queue.clear()
+        if self._loader is not None:
+            self._loader.cancel()
+            await asyncio.gather(self._loader, return_exceptions=True)

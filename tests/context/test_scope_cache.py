@@ -1,0 +1,598 @@
+"""Scopes ranked in memory (server/context/scope_cache.py, context/domain/episode_ranking.py and
+context/domain/fact_ranking.py) against the real database and model: the same episodes, facts,
+multi-hop
+facts, scores and flags as the hybrid statements; a scope is held only while its events (or
+facts) do not change (migration 0018's versions), loaded once it is read twice at one version,
+within its bounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import grpc
+import numpy as np
+from google.protobuf import duration_pb2
+from helpers.memory import event_request, fact_request
+from helpers.memory import stub as memory_stub
+from test_context import SUBJECT, assemble, ts
+
+from satchel.server.context import service as assembly
+from satchel.server.context.domain.episode_ranking import ScopeEvents
+from satchel.server.context.domain.fact_ranking import FactRanking
+from satchel.server.context.domain.scored import ScoredEpisode, ScoredFact
+from satchel.server.context.ranking import ranking_of
+from satchel.server.context.scope_cache import EVENTS, FACTS, ScopeCache
+from satchel.server.context.storage.candidates import fetch_fact_candidates
+from satchel.server.context.storage.episodes import fetch_episodes
+from satchel.server.context.storage.multi_hop import fetch_multi_hop
+from satchel.server.context.storage.plan import plan_query
+from satchel.server.context.storage.scopes import load_scope_events, load_scope_facts
+from satchel.server.context.storage.sql import Scope
+from satchel.server.platform.runtime import Runtime
+from satchel.v1 import memory_pb2
+
+START = datetime(2024, 3, 2, 18, 0, tzinfo=UTC)
+# Three sessions of one conversation; the last turn of the second comes two hours after the one
+# before it (beyond the one-hour neighbour gap). Some words repeat within a turn (BM25's tf).
+SESSIONS = [
+    [
+        ("Maya", "I finally adopted a dog, a rescue greyhound called Biscuit!"),
+        ("Tom", "Congrats! How is Biscuit settling in?"),
+        ("Maya", "He sleeps all day, then runs and runs and runs in the park at dusk."),
+        ("Tom", "Greyhounds are sprinters, lazy the rest of the time."),
+        ("Maya", "My landlord was fine with it, which surprised me."),
+        ("Tom", "Did you have to pay a pet deposit?"),
+        ("Maya", "Yes, 300 euros, refundable if the flat is fine when I leave."),
+        ("Tom", "Fair enough. I am still looking for a flat near the river."),
+    ],
+    [
+        ("Tom", "I signed the lease for the river flat yesterday!"),
+        ("Maya", "Amazing, when do you move?"),
+        ("Tom", "On the first of May. I need to buy a sofa, a bed and a desk."),
+        ("Maya", "Try the flea market on Sundays, I got my desk there."),
+        ("Tom", "Good idea. How is the new job going, by the way?"),
+        ("Maya", "Busy. We ship the mobile app next week, so lots of testing, testing."),
+        ("Tom", "Fingers crossed for the launch."),
+        ("Maya", "The launch went well, no crash in the first hour!"),
+    ],
+    [
+        ("Maya", "Biscuit stole a whole baguette from the kitchen table this morning."),
+        ("Tom", "Ha, greyhounds are tall enough to reach anything."),
+        ("Maya", "I now keep the bread in the oven."),
+        ("Tom", "I moved in, the flat is great but the desk is wobbly."),
+        ("Maya", "Put a folded card under the short leg."),
+        ("Tom", "Did that. Also, my sister Lena visits in June."),
+        ("Maya", "Take her to the river walk, it is lovely in June."),
+    ],
+]
+QUERIES = [
+    "What is the name of Maya's dog?",
+    "How much was the pet deposit?",
+    "When does Tom move into the river flat?",
+    "Where did Maya buy her desk?",
+    "What did the dog steal?",
+    "How did the app launch go?",
+    "Who visits Tom in June?",
+    "What breed is Biscuit?",
+    "furniture for the new flat",
+    "weather in Madrid",
+]
+
+
+def turn_times() -> list[datetime]:
+    times = []
+    for day, session in enumerate(SESSIONS):
+        at = START + timedelta(days=9 * day)
+        for i in range(len(session)):
+            late = day == 1 and i == len(session) - 1
+            at += timedelta(hours=2) if late else timedelta(seconds=40)
+            times.append(at)
+    return times
+
+
+async def load_conversation(channel: grpc.aio.Channel, project_id: str) -> list[str]:
+    """Record the conversation; a fact drawn from the deposit turn is retired (its episode is
+    then flagged), one from the adoption turn stays."""
+    turns = [turn for session in SESSIONS for turn in session]
+    requests = [
+        event_request(project_id, payload={"speaker": speaker, "text": text}, occurred_at=ts(at))
+        for (speaker, text), at in zip(turns, turn_times(), strict=True)
+    ]
+    reply = await memory_stub(channel).BatchRecordEvents(
+        memory_pb2.BatchRecordEventsRequest(requests=requests)
+    )
+    ids = [e.id for e in reply.events]
+    memory = memory_stub(channel)
+    kept = await memory.AssertFact(
+        fact_request(
+            project_id,
+            predicate="dog",
+            value="Biscuit",
+            statement="Maya has a rescue greyhound called Biscuit",
+            source_event_ids=[ids[0]],
+        )
+    )
+    assert kept.fact.id
+    retired = await memory.AssertFact(
+        fact_request(
+            project_id,
+            predicate="pet_deposit",
+            value="300 euros",
+            statement="Maya paid a 300 euro pet deposit",
+            source_event_ids=[ids[6]],
+        )
+    )
+    await memory.RetireFact(
+        memory_pb2.RetireFactRequest(project_id=project_id, fact_id=retired.fact.id, reason="x")
+    )
+    await memory.AssertFact(  # expired: its episode is flagged too
+        fact_request(
+            project_id,
+            predicate="dog_sleep",
+            value="all day",
+            statement="Biscuit sleeps all day",
+            valid_from=ts(datetime.now(UTC) - timedelta(days=1)),
+            stale_after=duration_pb2.Duration(seconds=60),
+            source_event_ids=[ids[2]],
+        )
+    )
+    return ids
+
+
+def runtime_with(runtime: Runtime, **context: object) -> Runtime:
+    """A runtime on the same pool and model with other context settings."""
+    settings = replace(runtime.settings, context=replace(runtime.settings.context, **context))
+    return Runtime(settings=settings, pool=runtime.pool, embedder=runtime.embedder)
+
+
+def scope_of(project_id: str) -> Scope:
+    return Scope(project_id, SUBJECT, datetime.now(UTC), historical=False)
+
+
+async def both_rankings(runtime, scope: Scope, query: str, events: ScopeEvents):
+    """The episodes of `query` from the statement and from memory (`events` held)."""
+    cfg = runtime.settings.context
+    vector = await runtime.embed_query(query)
+    index = runtime.scope_cache
+
+    async def fetch(statement, *args):
+        async with runtime.pool.connection() as conn:
+            return await statement(conn, *args)
+
+    async with runtime.pool.connection() as conn:
+        plan = await plan_query(conn, scope, query, cfg)
+    assert plan.events_version == events.version
+    from_statement = await fetch(fetch_episodes, scope, vector, cfg, plan)
+    hits = index.stats[EVENTS].hits
+    index.put((EVENTS, scope.project_id, scope.subject_id), events)
+    ranking = ranking_of(cfg)
+    held = assembly.held_events(runtime, ranking, scope, plan)
+    assert held is events
+    from_memory = await assembly.ranked_episodes(runtime, ranking, scope, vector, plan, fetch, held)
+    assert index.stats[EVENTS].hits == hits + 1, "served from memory"
+    # With the scope's facts held too, the hidden sources are found in memory.
+    async with runtime.pool.connection() as conn:
+        facts = await load_scope_facts(conn, scope.project_id, scope.subject_id, 1000)
+    assert facts is not None
+    all_in_memory = await assembly.ranked_episodes(
+        runtime, ranking, scope, vector, plan, fail, held, facts
+    )
+    assert all_in_memory == from_memory
+    return from_statement, from_memory
+
+
+async def fail(*args: object) -> None:
+    raise AssertionError("no statement expected")
+
+
+def assert_same_episodes(expected: list[ScoredEpisode], actual: list[ScoredEpisode]) -> None:
+    """Same episodes, scores and flags; two episodes may swap only on a tie (float32 cosines
+    are summed in another order by numpy than by pgvector)."""
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        if want.id != got.id:
+            assert math.isclose(want.score, got.score, abs_tol=1e-6)
+        for part in ("score", "similarity", "text_rank", "recency", "context_similarity"):
+            assert math.isclose(getattr(want, part), getattr(got, part), abs_tol=1e-6), part
+    by_id = {row.id: row for row in expected}
+    for row in actual:
+        want = by_id[row.id]
+        assert (row.kind, row.text, row.occurred_at) == (want.kind, want.text, want.occurred_at)
+        assert row.source_facts_hidden == want.source_facts_hidden
+
+
+async def test_episodes_ranked_in_memory_equal_the_statements(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    ids = await load_conversation(channel, project_id)
+    runtime = server.runtime.value
+    async with runtime.pool.connection() as conn:
+        events = await load_scope_events(conn, project_id, SUBJECT, max_rows=1000)
+    assert events is not None and events.ids == ids  # in conversation order
+    assert events.postings["run"][1].tolist() == [3.0]  # "runs and runs and runs"
+    scope = scope_of(project_id)
+    lifted = flagged = 0
+    for query in QUERIES:
+        expected, actual = await both_rankings(runtime, scope, query, events)
+        assert_same_episodes(expected, actual)
+        lifted += sum(1 for row in actual if row.context_similarity > 0)
+        flagged += sum(1 for row in actual if row.source_facts_hidden)
+    assert lifted and flagged, "neighbours' lifts and hidden sources were compared"
+    # Other parameters: no neighbour weight, a small pool and top, a gap that links sessions.
+    for overrides in (
+        {"episode_context_weight": 0.0, "episode_pool": 3, "episode_top_k": 4},
+        {"episode_context_gap_seconds": 30 * 86400.0},
+    ):
+        other = runtime_with(runtime, **overrides)
+        for query in QUERIES[:4]:
+            assert_same_episodes(*await both_rankings(other, scope, query, events))
+
+
+async def test_a_scope_read_twice_unchanged_is_then_served_from_memory(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    await load_conversation(channel, project_id)
+    index: ScopeCache = server.runtime.value.scope_cache
+    query = "What did the dog steal?"
+    first = await assemble(channel, project_id, query)
+    await assemble(channel, project_id, query)  # the second read at this version: loaded
+    await index.wait_loaded()
+    hits = index.stats[EVENTS].hits
+    served = await assemble(channel, project_id, query)
+    assert index.stats[EVENTS].hits == hits + 1
+    assert [e.event_id for e in served.packet.episodes] == [
+        e.event_id for e in first.packet.episodes
+    ]
+    assert any("baguette" in e.excerpt for e in served.packet.episodes)
+
+    # A new event moves the version: the next calls read the statement, and see it.
+    memory = memory_stub(channel)
+    new = await memory.RecordEvent(
+        event_request(
+            project_id, payload={"speaker": "Maya", "text": "Biscuit also stole a croissant."}
+        )
+    )
+    after = await assemble(channel, project_id, "What did Biscuit steal?")
+    assert index.stats[EVENTS].hits == hits + 1
+    assert new.event.id in [e.event_id for e in after.packet.episodes]
+    await assemble(channel, project_id, "What did Biscuit steal?")
+    await index.wait_loaded()
+    again = await assemble(channel, project_id, "What did Biscuit steal?")
+    assert index.stats[EVENTS].hits == hits + 2
+    assert [e.event_id for e in again.packet.episodes] == [
+        e.event_id for e in after.packet.episodes
+    ]
+
+    # A deleted event moves it too: never served from the copy that still holds it.
+    await memory.DeleteEvent(
+        memory_pb2.DeleteEventRequest(project_id=project_id, event_id=new.event.id)
+    )
+    gone = await assemble(channel, project_id, "What did Biscuit steal?")
+    assert index.stats[EVENTS].hits == hits + 2
+    assert new.event.id not in [e.event_id for e in gone.packet.episodes]
+
+    # A call as of a past instant reads the statement (history is not held).
+    await assemble(channel, project_id, query, as_of=ts(datetime.now(UTC)))
+    assert index.stats[EVENTS].hits == hits + 2
+
+
+async def version_of(runtime: Runtime, project_id: str) -> int:
+    async with runtime.pool.connection() as conn:
+        plan = await plan_query(conn, scope_of(project_id), "x", runtime.settings.context)
+    assert plan.events_version is not None
+    return plan.events_version
+
+
+async def test_every_write_of_a_scopes_events_gives_it_a_new_version(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    runtime = server.runtime.value
+    assert await version_of(runtime, project_id) == 0  # never written
+    memory = memory_stub(channel)
+    seen = []
+    first = await memory.RecordEvent(event_request(project_id))
+    seen.append(await version_of(runtime, project_id))
+    other = await memory.RecordEvent(event_request(project_id, subject_id="user-2"))
+    assert await version_of(runtime, project_id) == seen[-1], "another scope's write"
+    await memory.AssertFact(fact_request(project_id, source_event_ids=[first.event.id]))
+    assert await version_of(runtime, project_id) == seen[-1], "facts do not move it"
+    await memory.DeleteEvent(
+        memory_pb2.DeleteEventRequest(project_id=project_id, event_id=first.event.id)
+    )
+    seen.append(await version_of(runtime, project_id))
+    await memory.RecordEvent(event_request(project_id))
+    seen.append(await version_of(runtime, project_id))
+    await memory.DeleteSubject(
+        memory_pb2.DeleteSubjectRequest(project_id=project_id, subject_id=SUBJECT)
+    )
+    assert len(set(seen)) == len(seen) and 0 not in seen
+    # Deleted with the subject: back to 0, which is never held (a copy held at 0 would match).
+    assert await version_of(runtime, project_id) == 0
+    async with runtime.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT subject_id FROM scope_versions WHERE project_id = %s", (project_id,)
+        )
+        assert await cur.fetchall() == [("user-2",)]
+    index = ScopeCache(runtime.pool, max_bytes=2**20, max_rows=100)
+    index.put((EVENTS, project_id, SUBJECT), fake_events(0, 1))
+    assert index.events(project_id, SUBJECT, 0) is None
+    assert other.event.id
+
+
+def fake_events(version: int, count: int) -> ScopeEvents:
+    """Events of `count` rows for the index's bookkeeping (no ranking)."""
+    vectors = np.ones((count, 4), dtype=np.float32)
+    return ScopeEvents(
+        version=version,
+        ids=[f"id-{i}" for i in range(count)],
+        kinds=["message"] * count,
+        texts=["x" * 100] * count,
+        occurred_at=[START] * count,
+        occurred_us=np.zeros(count, dtype=np.int64),
+        vectors=vectors,
+        norms=np.full(count, 2.0),
+        lexeme_tokens=np.ones(count),
+        postings={},
+    )
+
+
+def test_the_index_holds_at_most_its_budget_dropping_the_least_recently_read() -> None:
+    sizes = fake_events(1, 10).nbytes
+    index = ScopeCache(pool=None, max_bytes=2 * sizes + sizes // 2, max_rows=100)  # type: ignore[arg-type]
+    for scope in ("a", "b"):
+        index.put((EVENTS, "p", scope), fake_events(1, 10))
+    assert index.events("p", "a", 1) is not None  # "a" read: "b" is now the oldest
+    index.put((EVENTS, "p", "c"), fake_events(1, 10))
+    assert index.events("p", "b", 1) is None
+    assert index.events("p", "a", 1) is not None and index.events("p", "c", 1) is not None
+    assert index.bytes <= index.max_bytes and index.stats[EVENTS].evictions == 1
+    assert index.events("p", "a", 2) is None, "another version is not served"
+    assert index.held("p", "a") == [] and index.bytes == sizes, "and its copy is dropped"
+    index.put((EVENTS, "p", "huge"), fake_events(1, 40))  # more than the whole budget: not held
+    assert index.events("p", "huge", 1) is None and len(index) == 1
+
+
+async def test_a_scope_beyond_the_event_limit_is_not_held(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    for text in ("one", "two", "three", "four"):
+        await memory_stub(channel).RecordEvent(
+            event_request(project_id, payload={"speaker": "Maya", "text": text})
+        )
+    runtime = server.runtime.value
+    version = await version_of(runtime, project_id)
+    index = ScopeCache(runtime.pool, max_bytes=2**20, max_rows=3)
+    for _ in range(3):
+        assert index.events(project_id, SUBJECT, version) is None
+        await index.wait_loaded()
+    assert (index.stats[EVENTS].loads, index.stats[EVENTS].too_large, len(index)) == (1, 1, 0)
+    async with runtime.pool.connection() as conn:
+        assert await load_scope_events(conn, project_id, SUBJECT, 3) is None
+        assert await load_scope_events(conn, project_id, SUBJECT, 4) is not None
+
+
+FACTS_NOW = datetime.now(UTC)
+# (predicate, statement, days ago it became valid, extra fields)
+STATED = [
+    ("dog", "Maya has a rescue greyhound called Biscuit", 300, {}),
+    ("dog_food", "Biscuit eats salmon kibble twice a day", 200, {}),
+    ("home", "Tom lives in a flat near the river", 40, {}),
+    ("home", "Tom lives in the river flat since May", 10, {}),  # restates the one above
+    ("home", "Tom lived with his sister Lena before", 400, {}),
+    ("job", "Maya works on the mobile app team", 90, {}),
+    ("trip", "Maya is in Porto this week", 20, {"stale_after": timedelta(days=7)}),
+    ("sister", "Lena is Tom's sister and visits in June", 5, {}),
+    ("gym", "Tom goes to the gym on Mondays", 60, {"valid_to": FACTS_NOW - timedelta(days=1)}),
+    ("gym", "Tom runs by the river and runs again at dusk", 2, {}),
+    ("desk", "Maya bought her desk at the flea market", 100, {}),
+    ("desk", "Maya's desk is made of oak", 100, {}),
+    ("car", "Tom sold his car", 30, {"valid_to": FACTS_NOW + timedelta(days=30)}),
+    ("pay", "Maya earns more since the launch", 15, {}),
+]
+FACT_QUERIES = [
+    "Where does Tom live?",
+    "What does Biscuit eat?",
+    "Where is Maya this week?",
+    "Who is Lena?",
+    "Where did Maya buy her desk?",
+    "running by the river",
+    "weather in Madrid",
+]
+
+
+async def load_facts(channel: grpc.aio.Channel, project_id: str) -> list[str]:
+    """The facts above; two in an open conflict, two in a resolved one, one superseded."""
+    memory = memory_stub(channel)
+    ids = []
+    for predicate, statement, days, extra in STATED:
+        fields = {key: value for key, value in extra.items() if key != "stale_after"}
+        if "stale_after" in extra:
+            fields["stale_after"] = duration_pb2.Duration(
+                seconds=int(extra["stale_after"].total_seconds())
+            )
+        if "valid_to" in extra:
+            fields["valid_to"] = ts(extra["valid_to"])
+        reply = await memory.AssertFact(
+            fact_request(
+                project_id,
+                predicate=predicate,
+                value=statement,
+                statement=statement,
+                valid_from=ts(FACTS_NOW - timedelta(days=days)),
+                **{k: v for k, v in fields.items() if k != "valid_from"},
+            )
+        )
+        ids.append(reply.fact.id)
+    await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[ids[10], ids[11]]
+        )
+    )
+    resolved = await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[ids[1], ids[5]]
+        )
+    )
+    await memory.ResolveConflict(
+        memory_pb2.ResolveConflictRequest(
+            project_id=project_id, conflict_id=resolved.conflict.id, winning_fact_id=ids[1]
+        )
+    )
+    await memory.AssertFact(
+        fact_request(
+            project_id,
+            predicate="pay",
+            value="more",
+            statement="Maya earns a lot more since the launch",
+            supersedes_fact_ids=[ids[13]],
+        )
+    )
+    return ids
+
+
+def assert_same_facts(expected: list[ScoredFact], actual: list[ScoredFact]) -> None:
+    """Same facts, score parts, flags and restatements (ties may swap, as for episodes)."""
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        if want.id != got.id:
+            assert math.isclose(want.score, got.score, abs_tol=1e-6)
+        for part in ("score", "similarity", "text_rank", "recency", "since_epoch"):
+            assert math.isclose(getattr(want, part), getattr(got, part), abs_tol=1e-6), part
+    by_id = {row.id: row for row in expected}
+    for row in actual:
+        want = by_id[row.id]
+        for column in ("predicate", "value", "statement", "valid_from", "expired"):
+            assert getattr(row, column) == getattr(want, column), column
+        assert row.in_open_conflict == want.in_open_conflict
+        assert math.isclose(row.confidence, want.confidence)
+        assert row.source_event_ids == want.source_event_ids
+        assert sorted(row.restates) == sorted(want.restates)
+
+
+async def test_facts_ranked_in_memory_equal_the_statements(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    ids = await load_facts(channel, project_id)
+    runtime = server.runtime.value
+    cfg = runtime.settings.context
+    scope = scope_of(project_id)
+    async with runtime.pool.connection() as conn:
+        held = await load_scope_facts(conn, project_id, SUBJECT, max_rows=1000)
+        cur = await conn.execute(
+            "SELECT id::text FROM facts WHERE project_id = %s AND status = 'active' ORDER BY id",
+            (project_id,),
+        )
+        active = [fact_id for (fact_id,) in await cur.fetchall()]
+    assert held is not None and held.ids == active and ids[13] not in active
+    flags = restated = 0
+    for query in FACT_QUERIES:
+        vector = await runtime.embed_query(query)
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(conn, scope, query, cfg)
+            assert plan.facts_version == held.version
+            expected = await fetch_fact_candidates(conn, scope, vector, cfg, plan)
+            query_parts = assembly.fact_query(ranking_of(cfg), cfg, scope, vector, plan)
+            ranking = FactRanking(held, query_parts)
+            actual = ranking.candidates()
+            assert_same_facts(expected.facts, actual.facts)
+            assert expected.text_full is not None and actual.text_full is not None
+            assert math.isclose(expected.text_full, actual.text_full, rel_tol=1e-9)
+            flags += sum(1 for r in actual.facts if r.expired or r.in_open_conflict)
+            restated += sum(1 for r in actual.facts if r.restates)
+            # Multi-hop from the best two, on a name and a word the scope holds.
+            seen = [r.id for r in expected.facts[:2]]
+            text_full = expected.text_full
+            entities = ["Lena", "Biscuit", "Nobody"]
+            hops = await fetch_multi_hop(conn, scope, vector, cfg, plan, entities, seen, text_full)
+        in_memory = ranking.multi_hop(
+            entities, set(seen), text_full, cfg.multi_hop_max_per_entity, 256
+        )
+        assert hops and not {r.id for r in in_memory} & set(seen)
+        assert_same_facts(hops, in_memory)
+    assert flags and restated, "the flags and restatements were compared"
+    assert ids
+
+
+async def test_a_write_of_facts_or_conflicts_moves_the_facts_version(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    runtime = server.runtime.value
+    memory = memory_stub(channel)
+
+    async def facts_version() -> int:
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(conn, scope_of(project_id), "x", runtime.settings.context)
+        assert plan.facts_version is not None
+        return plan.facts_version
+
+    seen = [await facts_version()]
+    first = await memory.AssertFact(fact_request(project_id, predicate="a", value="1"))
+    seen.append(await facts_version())
+    second = await memory.AssertFact(fact_request(project_id, predicate="b", value="2"))
+    seen.append(await facts_version())
+    opened = await memory.OpenConflict(
+        memory_pb2.OpenConflictRequest(
+            project_id=project_id, subject_id=SUBJECT, fact_ids=[first.fact.id, second.fact.id]
+        )
+    )
+    seen.append(await facts_version())
+    await memory.ResolveConflict(
+        memory_pb2.ResolveConflictRequest(
+            project_id=project_id, conflict_id=opened.conflict.id, winning_fact_id=first.fact.id
+        )
+    )
+    seen.append(await facts_version())
+    await memory.RetireFact(
+        memory_pb2.RetireFactRequest(project_id=project_id, fact_id=first.fact.id, reason="x")
+    )
+    seen.append(await facts_version())
+    told = await memory.RecordEvent(event_request(project_id))
+    assert await facts_version() == seen[-1], "events do not move it"
+    await memory.AssertFact(
+        fact_request(project_id, predicate="c", value="3", source_event_ids=[told.event.id])
+    )
+    seen.append(await facts_version())
+    # One transaction deletes the event (moving the events version) and the fact drawn from
+    # it alone: the facts version moves too (migration 0019; 0018 moved one kind only).
+    await memory.DeleteEvent(
+        memory_pb2.DeleteEventRequest(project_id=project_id, event_id=told.event.id)
+    )
+    seen.append(await facts_version())
+    assert seen[0] == 0 and len(set(seen)) == len(seen)
+    # Written by hand, a fact moved to another subject moves both scopes' versions.
+    async with runtime.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE facts SET subject_id = 'user-9' WHERE project_id = %s AND id = %s",
+            (project_id, second.fact.id),
+        )
+    async with runtime.pool.connection() as conn:  # after the commit, which moves them
+        cur = await conn.execute(
+            "SELECT subject_id, facts FROM scope_versions WHERE project_id = %s", (project_id,)
+        )
+        versions = dict(await cur.fetchall())
+    assert versions[SUBJECT] not in seen and versions["user-9"] > 0
+
+
+async def test_a_scope_read_twice_unchanged_serves_its_facts_from_memory(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    await load_facts(channel, project_id)
+    cache: ScopeCache = server.runtime.value.scope_cache
+    query = "Where does Tom live?"
+    first = await assemble(channel, project_id, query)
+    await assemble(channel, project_id, query)
+    await cache.wait_loaded()
+    hits = cache.stats[FACTS].hits
+    served = await assemble(channel, project_id, query)
+    assert cache.stats[FACTS].hits == hits + 1
+    assert [f.id for f in served.packet.facts] == [f.id for f in first.packet.facts]
+    # A retired fact is never served from the copy that still holds it.
+    retired = served.packet.facts[0].id
+    await memory_stub(channel).RetireFact(
+        memory_pb2.RetireFactRequest(project_id=project_id, fact_id=retired, reason="moved")
+    )
+    after = await assemble(channel, project_id, query)
+    assert cache.stats[FACTS].hits == hits + 1
+    assert retired not in [f.id for f in after.packet.facts]
