@@ -4,9 +4,10 @@ A change's effect on a context call's latency is smaller than this machine's dri
 runs (up to 15 %); asking the same question of both servers back to back, the order alternating,
 cancels the drift. Packets are compared too: a latency change must not change what is served.
 
-    # a server on the change, the LoCoMo dev conversations loaded into it (prints project_id):
+    # a server on the change, the LoCoMo dev conversations loaded into it and kept (--keep;
+    # without it the eval deletes its project when it ends), printing the project's id:
     SATCHEL_DATA_DIR=/var/tmp/paired SATCHEL_LISTEN=127.0.0.1:50081 .venv/bin/satchel serve &
-    .venv/bin/satchel eval locomo --address 127.0.0.1:50081 --no-baselines --json \\
+    .venv/bin/satchel eval locomo --address 127.0.0.1:50081 --no-baselines --keep --json \\
         | jq .run.project_id
     # the base, from another checkout with its own .venv, on the same database:
     git worktree add /var/tmp/base <base revision> && /var/tmp/base/scripts/setup
@@ -89,7 +90,12 @@ def main() -> None:
     parser.add_argument("--a", required=True, help="host:port of the base server")
     parser.add_argument("--b", required=True, help="host:port of the changed server")
     parser.add_argument("--project", required=True, help="the project the eval loaded")
-    parser.add_argument("--data", type=Path, default=locomo.DEFAULT_DATA)
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=locomo.beside_checkout(locomo.DEFAULT_DATA),
+        help="the LoCoMo JSON the eval loaded (default: ../shared/data beside the checkout)",
+    )
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     asyncio.run(run(args.a, args.b, args.project, args.data, args.rounds))

@@ -102,10 +102,13 @@ async def channel(address: str) -> AsyncIterator[grpc.aio.Channel]:
 
 @pytest.fixture(scope="session")
 async def seed_server(settings: Settings) -> AsyncIterator:
-    """A second server on the same database ranking as the seed does (SATCHEL_RANKING=seed)."""
+    """A second server on the same database behaving as the seed does: its ranking
+    (SATCHEL_RANKING=seed) and its budget, the served texts' estimates
+    (SATCHEL_BUDGET_COUNTS=items)."""
     from satchel.server.platform.app import SatchelServer
 
-    srv = SatchelServer(replace(settings, context=settings.context.with_ranking("seed")))
+    seed = replace(settings.context.with_ranking("seed"), budget_counts="items")
+    srv = SatchelServer(replace(settings, context=seed))
     await srv.start()
     yield srv
     await srv.stop()

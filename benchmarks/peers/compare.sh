@@ -7,7 +7,11 @@
 # data directory, removed afterwards) that the harness calls over gRPC from its own process.
 # SATCHEL_COMPARE_IN_PROCESS=1 runs the server inside the harness instead (one event loop for
 # the client and the server: the figures before 2026-12-03).
+# The peers are packed by their texts' tokens (characters / 4) into 900: satchel is measured
+# under the same rule, SATCHEL_BUDGET_COUNTS=items (its default counts the rendered block, tags,
+# dates and headers too: docs/context.md "Packing and the relevance floor").
 set -euo pipefail
+export SATCHEL_BUDGET_COUNTS=items
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
 report="$(mktemp --suffix=.json)"

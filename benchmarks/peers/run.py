@@ -40,7 +40,8 @@ from satchel.server.evaluation.metrics import (
     rank,
     summarise,
 )
-from satchel.server.memory.domain.rendering import estimate_tokens, excerpt
+from satchel.server.memory.domain.rendering import excerpt
+from satchel.server.platform.tokens import estimate_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = 900

@@ -92,7 +92,7 @@ class PacketEpisode(_message.Message):
     def __init__(self, event_id: _Optional[str] = ..., kind: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., excerpt: _Optional[str] = ...) -> None: ...
 
 class ContextPacket(_message.Message):
-    __slots__ = ("facts", "episodes", "warnings", "status", "empty_reason", "budget_tokens", "tokens_used")
+    __slots__ = ("facts", "episodes", "warnings", "status", "empty_reason", "budget_tokens", "tokens_used", "block", "token_counter")
     FACTS_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,8 @@ class ContextPacket(_message.Message):
     EMPTY_REASON_FIELD_NUMBER: _ClassVar[int]
     BUDGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNTER_FIELD_NUMBER: _ClassVar[int]
     facts: _containers.RepeatedCompositeFieldContainer[PacketFact]
     episodes: _containers.RepeatedCompositeFieldContainer[PacketEpisode]
     warnings: _containers.RepeatedScalarFieldContainer[str]
@@ -107,7 +109,9 @@ class ContextPacket(_message.Message):
     empty_reason: str
     budget_tokens: int
     tokens_used: int
-    def __init__(self, facts: _Optional[_Iterable[_Union[PacketFact, _Mapping]]] = ..., episodes: _Optional[_Iterable[_Union[PacketEpisode, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[PacketStatus, str]] = ..., empty_reason: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., tokens_used: _Optional[int] = ...) -> None: ...
+    block: str
+    token_counter: str
+    def __init__(self, facts: _Optional[_Iterable[_Union[PacketFact, _Mapping]]] = ..., episodes: _Optional[_Iterable[_Union[PacketEpisode, _Mapping]]] = ..., warnings: _Optional[_Iterable[str]] = ..., status: _Optional[_Union[PacketStatus, str]] = ..., empty_reason: _Optional[str] = ..., budget_tokens: _Optional[int] = ..., tokens_used: _Optional[int] = ..., block: _Optional[str] = ..., token_counter: _Optional[str] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("sequence", "candidate_id", "candidate_kind", "outcome", "reason_code", "score", "similarity", "text_rank", "recency", "tokens", "budget_used", "preview", "reason")

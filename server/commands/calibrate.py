@@ -6,9 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from satchel.server.evaluation import locomo
 from satchel.server.platform.config import ConfigError, Settings
-
-DEFAULT_LOCOMO = Path("../shared/data/locomo/locomo_dev.json")
 
 
 def cmd_calibrate_floor(args: argparse.Namespace, settings: Settings) -> int:
@@ -20,12 +19,14 @@ def cmd_calibrate_floor(args: argparse.Namespace, settings: Settings) -> int:
         if not args.pairs.is_file():
             raise ConfigError(f"--pairs {args.pairs} is not a file")
         pairs = jsonl_pairs(args.pairs)
-    elif args.locomo.is_file():
-        pairs = locomo_pairs(args.locomo, negatives_per_question=args.negatives)
     else:
-        raise ConfigError(
-            f"no labelled pairs: {args.locomo} is missing; pass --locomo PATH or --pairs FILE"
-        )
+        data = args.locomo or locomo.beside_checkout(locomo.DEFAULT_DATA)
+        if not data.is_file():
+            raise ConfigError(
+                f"no labelled pairs: {data} is missing; pass --locomo PATH or --pairs FILE."
+                f" {locomo.SOURCE}"
+            )
+        pairs = locomo_pairs(data, negatives_per_question=args.negatives)
     result = calibrate(load_embedder(settings), pairs, keep=args.keep)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
@@ -48,7 +49,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "calibrate-floor", help="measure the relevance floor for the configured embedder"
     )
-    parser.add_argument("--locomo", type=Path, default=DEFAULT_LOCOMO, help="LoCoMo JSON file")
+    parser.add_argument(
+        "--locomo",
+        type=Path,
+        help="LoCoMo JSON file (default, in a source checkout: "
+        f"{locomo.DEFAULT_DATA} from its root)",
+    )
     parser.add_argument("--pairs", type=Path, help='JSON lines of {"query","text","relevant"}')
     parser.add_argument("--keep", type=float, default=0.95, help="share of relevant to keep")
     parser.add_argument("--negatives", type=int, default=10, help="irrelevant turns per question")

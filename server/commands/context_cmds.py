@@ -31,6 +31,7 @@ from satchel.server.commands.common import (
 from satchel.server.commands.view import (
     KIND_NAME,
     OUTCOME_STYLE,
+    DecisionLegend,
     DecisionTable,
     console,
     packet_view,
@@ -49,7 +50,7 @@ def show_stream(
     budget: int | None,
     pace: float = 0.0,
 ) -> tuple[str, context_pb2.ContextPacket | None]:
-    """Render a StreamContext call live (table + budget bar), then its packet.
+    """Render a StreamContext call live (table + budget bar), then its legend and its packet.
 
     The first message is awaited before the table appears, so a rejected call prints nothing.
     `pace` (seconds) slows the display of each decision so that people can follow it.
@@ -71,6 +72,7 @@ def show_stream(
                 table.used = packet.tokens_used
     if not out.is_terminal:
         out.line()  # a non-terminal Live prints its last frame without a final newline
+    out.print(DecisionLegend(table.rows))
     if packet is not None:
         out.print(packet_view(packet, trace_id))
     return trace_id, packet
@@ -116,16 +118,31 @@ def cmd_trace(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+CALL_LABEL_CHARS = 8
+WATCH_LEGEND = (
+    f"each line: the call (the last {CALL_LABEL_CHARS} characters of its trace id), the subject,"
+    " the decision's #, kind, outcome, reason and score; tok = the tokens the candidate costs"
+    " the budget (as in `satchel context`), packet = the packet's tokens after the decision"
+)
+
+
+def call_label(trace_id: str) -> str:
+    """A short label that tells calls apart: the end of the trace id. A UUIDv7 starts with its
+    timestamp (the first 8 hex digits change every ~65 s); it ends with random bits."""
+    return trace_id[-CALL_LABEL_CHARS:]
+
+
 def _watch_line(message: context_pb2.WatchTracesResponse, width: int) -> Text:
     """One message as one line of at most `width` cells: a decision's preview takes what the
-    terminal leaves (none below 10 cells), anything longer is cut with an ellipsis."""
-    head = f"{message.trace_id[:8]} {message.subject_id[:12]:<12} "
+    terminal leaves (none below 10 cells), anything longer is cut with an ellipsis. A packet's
+    line names the whole trace id (for `satchel trace`)."""
+    head = f"{call_label(message.trace_id)} {message.subject_id[:12]:<12} "
     if message.HasField("packet"):
         p = message.packet
         line = Text(
-            f"{head}packet: {len(p.facts)} fact(s), {len(p.episodes)} episode(s), "
-            f"{p.tokens_used}/{p.budget_tokens} tokens"
-            + (f", {len(p.warnings)} warning(s)" if p.warnings else ""),
+            f"{head}packet of {message.trace_id}: {len(p.facts)} fact(s),"
+            f" {len(p.episodes)} episode(s), {p.tokens_used}/{p.budget_tokens} tokens"
+            + (", some facts held back" if p.warnings else ""),
             style="bold",
         )
     else:
@@ -133,9 +150,10 @@ def _watch_line(message: context_pb2.WatchTracesResponse, width: int) -> Text:
         outcome, style = OUTCOME_STYLE.get(d.outcome, ("?", ""))
         line = Text.assemble(
             head,
-            f"#{d.sequence:<3} {KIND_NAME.get(d.candidate_kind, '?'):<7} ",
+            f"#{d.sequence:<3} {KIND_NAME.get(d.candidate_kind, '?'):<4} ",
             (f"{outcome:<8}", style),
-            f" {d.reason_code:<22} score {d.score:.3f}  {d.budget_used:>5} tok",
+            f" {d.reason_code:<21} score {d.score:.3f}  tok {d.tokens:>4}"
+            f"  packet {d.budget_used:>5}",
         )
         room = width - line.cell_len - 2
         if room >= 10:
@@ -153,6 +171,7 @@ def cmd_watch(args: argparse.Namespace, settings: Settings) -> int:
         if not args.json:
             scope = args.project + (f"/{args.subject}" if args.subject else "")
             out.print(Text(f"watching {scope} on {address} (Ctrl-C to stop)", style="dim"))
+            out.print(Text(WATCH_LEGEND, style="dim"))
         try:
             for message in stream:
                 if args.json:

@@ -143,8 +143,17 @@ def _run(out: Console, api: SatchelClient, args: argparse.Namespace, about: dict
     else:
         out.print(
             f"sample memory of [bold]{args.project}/{args.subject}[/]: {counts['events']} events,"
-            f" {counts['facts']} facts (one open conflict, one volatile fact),"
-            f" {counts['talents']} talents\n"
+            f" {counts['facts']} facts, {counts['talents']} talents; among the facts, "
+            f"{sample.CONFLICT_SUMMARY} and {sample.VOLATILE_SUMMARY}\n",
+            highlight=False,
+        )
+        out.print(
+            Text(
+                "Each row below is one decision of a context call: a fact or an episode of the"
+                " memory, scored against the query, then served or left out as the"
+                f" {args.budget}-token budget (small on purpose) fills. The legend under the table"
+                " explains its columns and reasons.\n"
+            )
         )
     stream = api.stream_context(args.project, args.subject, args.query, budget_tokens=args.budget)
     if args.json:
@@ -168,9 +177,9 @@ def _run(out: Console, api: SatchelClient, args: argparse.Namespace, about: dict
     out.print(
         Text(
             "\nnext:\n"
-            f"  satchel context {scope} --query 'What does Maya eat?'{target}\n"
-            f"  satchel facts {scope} --all{target}\n"
-            f"  satchel trace {trace_id} --project {args.project}{target}"
+            f"  .venv/bin/satchel context {scope} --query 'What does Maya eat?'{target}\n"
+            f"  .venv/bin/satchel facts {scope} --all{target}\n"
+            f"  .venv/bin/satchel trace {trace_id} --project {args.project}{target}"
             + ("\n(the embedded server stops with this demo: run `scripts/run` to keep one)"
                if about["embedded"] else ""),
             style="dim",

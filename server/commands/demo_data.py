@@ -130,7 +130,10 @@ FACTS: tuple[SampleFact, ...] = (
 
 CONFLICT = ("f08", "f09")
 CONFLICT_NOTE = "Maya was unsure of her flight date"
+CONFLICT_SUMMARY = "one open conflict (her flight to Lisbon leaves on the 14th, or the 15th?)"
 VOLATILE = "f10"
+VOLATILE_SUMMARY = "one volatile fact, now expired (in Berlin this week: true for 2 days)"
+"""How `satchel demo` announces the conflict and the volatile fact (see FACTS)."""
 
 
 def talents(prefix: str) -> list[talent_pb2.Talent]:

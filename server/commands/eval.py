@@ -5,60 +5,129 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import grpc
+
+from satchel.server.evaluation import locomo
 from satchel.server.platform.config import ConfigError, Settings
 from satchel.server.platform.logs import configure_logging
 
+T = TypeVar("T")
 
-def _existing(path: Path, option: str) -> Path:
-    """`path` as given when it exists, else resolved against the repository's parent folder
-    (where `../shared/data` lives for a clone), else a ConfigError naming the option."""
-    if path.is_file():
-        return path
-    if not path.is_absolute():
-        repo = Path(__file__).resolve().parents[2]
-        candidate = (repo / path).resolve()
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"{option} {path} is not a file")
+
+def _input_file(given: Path | None, default: Path, option: str, what: str, source: str) -> Path:
+    """The file `option` names (relative to the working directory), else `default` beside the
+    source checkout; else a ConfigError naming the option and where the data comes from."""
+    if given is not None:
+        if given.is_file():
+            return given
+        problem = f"{option} {given}: " + ("not a file" if given.exists() else "no such file")
+    else:
+        path = locomo.beside_checkout(default)
+        if path.is_file():
+            return path
+        problem = f"no {what}: pass {option} PATH (the default, {path}, is not there)"
+    raise ConfigError(f"{problem}. {source}")
+
+
+def _read(path: Path, option: str, read: Callable[[Path], T], what: str, source: str) -> T:
+    """`read(path)`, or a ConfigError naming the option when the file is not `what`."""
+    try:
+        return read(path)
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"{option} {path}: not {what} ({type(exc).__name__}: {exc}). {source}"
+        ) from exc
 
 
 def cmd_eval_locomo(args: argparse.Namespace, settings: Settings) -> int:
     """Load LoCoMo, ask every question, print coverage beside the baselines."""
-    from satchel.server.evaluation import harness, locomo
+    from satchel.server.evaluation import harness
     from satchel.server.evaluation.report import render_text
 
     if args.limit_questions is not None and args.limit_questions < 1:
         raise ConfigError("--limit-questions must be at least 1")
+    if args.keep and not args.address and not settings.database_url:
+        raise ConfigError(
+            "--keep keeps the project in a database that outlives the run: use it with"
+            " --address or SATCHEL_DATABASE_URL (the scratch database is removed)"
+        )
+    data = _input_file(args.data, locomo.DEFAULT_DATA, "--data", "LoCoMo data", locomo.SOURCE)
+    errata = None
+    if args.errata:
+        errata = _input_file(
+            args.errata_file,
+            locomo.DEFAULT_ERRATA,
+            "--errata-file",
+            "errata for --errata",
+            locomo.ERRATA_SOURCE,
+        )
     options = harness.EvalOptions(
-        data=_existing(args.data, "--data"),
-        errata=_existing(args.errata_file, "--errata-file") if args.errata else None,
+        data=data,
+        errata=errata,
         conversations=tuple(c for value in args.conversations for c in value.split(",") if c),
         limit_questions=args.limit_questions,
         clock=args.clock,
         baselines=not args.no_baselines,
         details=args.details,
     )
+    conversations = _read(
+        data, "--data", locomo.load_conversations, "a LoCoMo JSON file", locomo.SOURCE
+    )
     try:
-        locomo.select(locomo.load_conversations(options.data), options.conversations)
+        conversations = locomo.select(conversations, options.conversations, options.limit_questions)
     except ValueError as exc:
         raise ConfigError(f"--conversations: {exc}") from exc
+    if errata is not None:
+        records = _read(
+            errata, "--errata-file", locomo.load_errata, "an errata file", locomo.ERRATA_SOURCE
+        )
+        conversations, _ = locomo.apply_errata(conversations, records)
     # The in-process server logs one line per call: keep stderr for warnings and progress.
     configure_logging("warning" if not args.verbose else settings.log_level, settings.log_format)
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report = asyncio.run(harness.run(options, settings, address=args.address, progress=progress))
+    async def run() -> dict[str, Any]:
+        # SIGTERM cancels the run as Ctrl-C does (asyncio.run turns SIGINT into a cancellation):
+        # either way the run deletes its project, or its scratch database, before it ends.
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await harness.run(
+            options,
+            settings,
+            address=args.address,
+            progress=progress,
+            conversations=conversations,
+            keep=args.keep,
+        )
+
+    try:
+        report = asyncio.run(run())
+    except KeyboardInterrupt:
+        print("satchel: eval locomo interrupted", file=sys.stderr)
+        return 130
+    except asyncio.CancelledError:
+        print("satchel: eval locomo terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except grpc.aio.AioRpcError as exc:
+        where = args.address or "the in-process server"
+        print(f"satchel: eval locomo: {where}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
     print(json.dumps(report, indent=2) if args.json else render_text(report))
     return 0
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `satchel eval locomo`."""
-    from satchel.server.evaluation import harness, locomo
+    from satchel.server.evaluation import harness
 
     evaluate = commands.add_parser("eval", help="measure retrieval quality on public data")
     suites = evaluate.add_subparsers(dest="suite", required=True)
@@ -71,14 +140,28 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             " and report evidence recall per category beside vector-only and BM25 baselines"
             " packed into the same budget. Without --address an in-process server runs on a"
             " scratch database (SATCHEL_DATABASE_URL, else an embedded one under /var/tmp)."
+            " The run loads one fresh project and deletes it when it ends (also on an error or"
+            " Ctrl-C) unless --keep; a scratch database is removed whole."
+            " satchel does not ship LoCoMo (CC BY-NC 4.0): pass --data with a copy of"
+            " data/locomo10.json from https://github.com/snap-research/LoCoMo."
         ),
     )
-    parser.add_argument("--data", type=Path, default=locomo.DEFAULT_DATA, help="LoCoMo JSON file")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        metavar="PATH",
+        help="LoCoMo JSON file, such as locomo10.json of the public release (not shipped with"
+        f" satchel); default, in a source checkout: {locomo.DEFAULT_DATA} from its root",
+    )
     parser.add_argument(
         "--errata", action="store_true", help="also report with the audit's corrected evidence"
     )
     parser.add_argument(
-        "--errata-file", type=Path, default=locomo.DEFAULT_ERRATA, help="audit errata JSON file"
+        "--errata-file",
+        type=Path,
+        metavar="PATH",
+        help="the audit's errata JSON (errors.json of github.com/dial481/locomo-audit); default,"
+        f" in a source checkout: {locomo.DEFAULT_ERRATA} from its root",
     )
     parser.add_argument(
         "--conversations",
@@ -99,6 +182,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     parser.add_argument(
         "--address", help="evaluate a running server (host:port) instead of an in-process one"
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the loaded project (with --address or SATCHEL_DATABASE_URL) and print its"
+        " id, for later runs on it (benchmarks/paired_latency.py)",
     )
     parser.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

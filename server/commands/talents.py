@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.text import Text
@@ -42,7 +43,11 @@ SKILL_FILE = "skill.md"
 TIMEOUT_SECONDS = 60.0
 
 _HEADING = re.compile(r"^#\s+(.+?)\s*#*\s*$", re.MULTILINE)
-_KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
+# A one-line unquoted value (not continued on indented lines) of Cursor's raw `.mdc` keys (see
+# parse_front_matter).
+_RAW_CURSOR_VALUE = re.compile(
+    r"^(description|globs)([ \t]*:[ \t]+)([^\s'\"\[{|>].*?)[ \t]*$(?!\n[ \t]+\S)", re.MULTILINE
+)
 
 
 class FrontMatterError(ValueError):
@@ -55,13 +60,13 @@ class FrontMatterError(ValueError):
 def _unquote(text: str) -> str:
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        inner = text[1:-1]
-        return inner.replace("''", "'") if text[0] == "'" else inner.replace('\\"', '"')
+        return text[1:-1]
     return text
 
 
 def _split_commas(text: str) -> list[str]:
-    """Split on commas outside braces, brackets and quotes (`**/*.{ts,tsx}, a` has two)."""
+    """Split a one-line list on commas outside braces, brackets and quotes (`**/*.{ts,tsx}, a`
+    has two items), each item stripped of spaces and of one pair of enclosing quotes."""
     items: list[str] = []
     depth, quote = 0, ""
     current: list[str] = []
@@ -83,19 +88,47 @@ def _split_commas(text: str) -> list[str]:
     return [_unquote(item) for item in items if _unquote(item)]
 
 
-def _scalar_or_list(raw: str) -> str | list[str]:
-    raw = raw.strip()
-    if raw.startswith("[") and raw.endswith("]"):
-        return _split_commas(raw[1:-1])
-    return _unquote(raw)
+def _quote_raw(match: re.Match[str]) -> str:
+    key, colon, value = match.groups()
+    return key + colon + "'" + value.replace("'", "''") + "'"
+
+
+def _yaml_problem(exc: Any) -> str:
+    """A YAML error on one line, its places as line numbers of the file (the front matter
+    starts on the file's second line)."""
+    mark = getattr(exc, "problem_mark", None)  # a ReaderError (a control character) has none
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
+    started = f" started at line {context_mark.line + 2}" if context_mark else ""
+    return f"invalid YAML front matter{where}: {problem}" + (
+        f" ({context}{started})" if context else ""
+    )
+
+
+def _load_yaml(block: str) -> Any:
+    try:
+        return yaml.safe_load(block)
+    except yaml.YAMLError as exc:
+        raw = _RAW_CURSOR_VALUE.sub(_quote_raw, block)
+        if raw == block:
+            raise FrontMatterError(_yaml_problem(exc)) from exc
+    try:  # the same lines: the problem, if any, is not Cursor's raw values
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise FrontMatterError(_yaml_problem(exc)) from exc
 
 
 def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
-    """Split a talent file into (front matter, body). A tiny YAML subset, tolerant of `.mdc`.
+    """Split a talent file into (front matter, body); the front matter is read as YAML
+    (`yaml.safe_load`: nested maps and lists are kept as they are).
 
-    Understood: `key: value` (quoted or not), `key: [a, b]`, a key followed by `- item` lines,
-    and `key: |` / `key: >` block scalars. Nested maps are skipped. A file without a leading
-    `---` line has no front matter.
+    The front matter is the lines between a leading `---` line and the next `---` (or `...`)
+    line; a file without a leading `---` line has none. Invalid YAML raises a FrontMatterError
+    naming the file's line and the problem, with one tolerance for Cursor's `.mdc` rules:
+    Cursor writes `globs:` and `description:` raw on one line (`globs: **/*.ts` is an alias to
+    YAML, `description: Rules: for X` a nested map), so when the front matter is not valid
+    YAML, one-line unquoted values of these two keys are read again as the raw strings.
     """
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or lines[0].strip() != "---":
@@ -104,41 +137,36 @@ def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() in ("---", "..."))
     except StopIteration as exc:
         raise FrontMatterError("front matter has no closing '---' line") from exc
-    meta: dict[str, Any] = {}
-    block = lines[1:end]
-    index = 0
-    while index < len(block):
-        line = block[index]
-        index += 1
-        if not line.strip() or line.lstrip().startswith("#") or line[:1].isspace():
-            continue
-        match = _KEY.match(line)
-        if not match:
-            raise FrontMatterError(f"cannot read front matter line {line!r}")
-        key, raw = match.group(1), match.group(2).strip()
-        children: list[str] = []
-        while index < len(block) and (not block[index].strip() or block[index][:1].isspace()):
-            children.append(block[index])
-            index += 1
-        if raw in ("|", ">", "|-", ">-", "|+", ">+"):
-            parts = [child.strip() for child in children]
-            meta[key] = ("\n" if raw[0] == "|" else " ").join(p for p in parts if p).strip()
-        elif raw:
-            meta[key] = _scalar_or_list(raw)
-        elif children and all(
-            child.strip().startswith("- ") or child.strip() in ("-", "") for child in children
-        ):
-            items = [_unquote(child.strip()[1:]) for child in children if child.strip()]
-            meta[key] = [item for item in items if item]
-        else:
-            meta[key] = ""  # empty value or a nested map: not ours
+    loaded = _load_yaml("\n".join(lines[1:end]))
+    if loaded is None:  # empty, or only comments
+        loaded = {}
+    if not isinstance(loaded, dict):
+        found = "a list" if isinstance(loaded, list) else f"the value {loaded!r}"
+        raise FrontMatterError(f"front matter is {found}, not a map of keys to values")
+    meta = {str(key): value for key, value in loaded.items()}
     return meta, "\n".join(lines[end + 1 :]).strip()
 
 
-def _as_list(value: Any) -> list[str]:
+def _as_list(meta: dict[str, Any], key: str) -> list[str]:
+    """A list field: a YAML list, or a string of comma-separated items (`roles: a, b`)."""
+    value = meta.get(key)
+    if value is None:
+        return []
+    if isinstance(value, dict) or (
+        isinstance(value, list) and any(isinstance(v, dict | list) for v in value)
+    ):
+        raise FrontMatterError(f"{key}: expected a list of strings or a comma-separated string")
     if isinstance(value, list):
-        return [str(v).strip() for v in value if str(v).strip()]
-    return _split_commas(str(value)) if str(value).strip() else []
+        return [str(v).strip() for v in value if v is not None and str(v).strip()]
+    return _split_commas(str(value))
+
+
+def _text(meta: dict[str, Any], key: str) -> str:
+    """A string field (`id`, `name`, `description`…): a scalar, empty when absent or null."""
+    value = meta.get(key)
+    if isinstance(value, dict | list):
+        raise FrontMatterError(f"{key}: a string, not a {type(value).__name__}")
+    return "" if value is None else str(value).strip()
 
 
 def talent_id_for(path: Path, root: Path) -> str:
@@ -196,18 +224,18 @@ def talent_from_text(text: str, path: Path, root: Path) -> TalentFile:
     `alwaysApply` (pinned). The name falls back to the body's first `# heading`, then to the
     id's last part."""
     meta, body = parse_front_matter(text)
-    talent_id = str(meta.get("id") or talent_id_for(path, root))
+    talent_id = _text(meta, "id") or talent_id_for(path, root)
     heading = _HEADING.search(body)
-    name = str(meta.get("name") or meta.get("title") or "").strip()
+    name = _text(meta, "name") or _text(meta, "title")
     if not name:
         name = heading.group(1) if heading else talent_id.rsplit(".", 1)[-1]
-    lists = {key: _as_list(meta.get(key, [])) for key in LIST_FIELDS}
-    lists["triggers"] += [g for g in _as_list(meta.get("globs", [])) if g not in lists["triggers"]]
+    lists = {key: _as_list(meta, key) for key in LIST_FIELDS}
+    lists["triggers"] += [g for g in _as_list(meta, "globs") if g not in lists["triggers"]]
     return TalentFile(
         path=path,
         id=talent_id,
         name=name,
-        summary=str(meta.get("description") or "").strip(),
+        summary=_text(meta, "description"),
         body=body,
         lists={key: values for key, values in lists.items() if values},
         pinned=_is_true(meta.get("pinned")) or _is_true(meta.get("alwaysApply")),

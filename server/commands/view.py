@@ -32,6 +32,32 @@ KIND_NAME = {
     context_pb2.CANDIDATE_KIND_FACT: "fact",
     context_pb2.CANDIDATE_KIND_EPISODE: "ep.",
 }
+KIND_LEGEND = {"ep.": "episode: a recorded event, served as an excerpt"}
+SCORE_PARTS_LEGEND = (
+    "weighs sim = cosine similarity to the query, fts = full-text rank, rec = recency (1 = now)"
+)
+TOKENS_LEGEND = "the tokens the candidate costs the budget (the bar: the packet's tokens)"
+REASON_LEGEND = {
+    "relevance": "among the best scores, and it fit in the budget",
+    "multi_hop_expansion": "a fact about an entity that an included fact names",
+    "over_budget": "did not fit in what was left of the budget",
+    "below_relevance_floor": "too far from the query (under the relevance floor)",
+    "conflict_open": "in an open conflict: no side is served until it is resolved",
+    "volatility_expired": "past its volatility horizon (stale_after): may no longer be true",
+    "source_already_served": "the packet already holds its source, or what was drawn from it",
+    "source_facts_hidden": "an episode whose facts are all hidden: it would bring them back",
+}
+"""What each reason code means, for the legend under a decision table (as in ReasonCode)."""
+STATUS_WORDING: dict[int, tuple[str, str, str]] = {
+    context_pb2.PACKET_STATUS_OK: ("ok", "green", "nothing was held back"),
+    context_pb2.PACKET_STATUS_DEGRADED: (
+        "degraded",
+        "cyan",
+        "some facts were held back, as the notes below say (not a server fault)",
+    ),
+}
+"""A packet status as people should read it: `degraded` is the memory's state, not the
+server's."""
 NARROW_WIDTH = 100
 """Below this many columns the decision table shows the score without its parts."""
 PIPE_WIDTH = 120
@@ -54,6 +80,39 @@ def shorten(text: str, width: int) -> str:
     """`text` on one line, cut to `width` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def _cut_around(text: str, at: int, width: int) -> str:
+    """`text` in `width` characters: its start, an ellipsis, then the words from the one that
+    holds `text[at]` on (to its end, or as much as half the width allows)."""
+    start = text.rfind(" ", 0, at) + 1  # the first word that differs
+    tail = text[start:]
+    if len(tail) > width // 2:
+        tail = tail[: width // 2 - 1] + "…"
+    head = text[: width - 1 - len(tail)]
+    if text[len(head) : len(head) + 1] not in ("", " ") and " " in head[len(head) * 2 // 3 :]:
+        head = head[: head.rindex(" ")]  # end the head on a word
+    return f"{head}…{tail}"
+
+
+def fit_apart(texts: list[str], width: int) -> list[str]:
+    """Each text on one line in `width` characters, cut with an ellipsis like `shorten`; texts
+    that would be cut to the same line (the two sides of a conflict, say) show where they
+    differ instead: their start, an ellipsis, and the part that tells them apart."""
+    texts = [" ".join(text.split()) for text in texts]
+    cut = [shorten(text, width) for text in texts]
+    shown = list(cut)
+    for i, text in enumerate(texts):
+        rivals = [t for j, t in enumerate(texts) if cut[j] == cut[i] and t != text]
+        if rivals and width >= 8:
+            shown[i] = _cut_around(text, max(_common_prefix(text, t) for t in rivals), width)
+    return shown
 
 
 class DecisionTable:
@@ -91,13 +150,14 @@ class DecisionTable:
         table.add_column("tok", justify="right", no_wrap=True, width=4)
         table.add_column("outcome", no_wrap=True, width=8)
         table.add_column("reason", no_wrap=True, width=reason_width)
-        for d in self.rows:
+        previews = fit_apart([d.preview or d.candidate_id for d in self.rows], candidate)
+        for d, preview in zip(self.rows, previews, strict=True):
             outcome, style = OUTCOME_STYLE.get(d.outcome, ("?", ""))
             scores = [d.score, d.similarity, d.text_rank, d.recency][: 1 + len(parts)]
             table.add_row(
                 str(d.sequence),
                 KIND_NAME.get(d.candidate_kind, "?"),
-                " ".join((d.preview or d.candidate_id).split()),
+                preview,
                 *(f"{value:.3f}" for value in scores),
                 str(d.tokens),
                 Text(outcome, style=style),
@@ -119,19 +179,58 @@ class DecisionTable:
         yield self.bar()
 
 
+class DecisionLegend:
+    """What the abbreviations of a decision table and the reasons in it mean: only those the
+    table shows (the score's parts when the width leaves room for them, as the table does)."""
+
+    def __init__(self, decisions: Iterable[context_pb2.Decision]) -> None:
+        self.decisions = list(decisions)
+
+    def grid(self, width: int = PIPE_WIDTH) -> Table:
+        kinds = {KIND_NAME.get(d.candidate_kind, "") for d in self.decisions}
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for kind, meaning in KIND_LEGEND.items():
+            if kind in kinds:
+                grid.add_row(kind, meaning)
+        if width >= NARROW_WIDTH:
+            grid.add_row("score", SCORE_PARTS_LEGEND)
+        grid.add_row("tok", TOKENS_LEGEND)
+        shown = {(d.outcome, d.reason_code) for d in self.decisions}
+        for outcome, (name, style) in OUTCOME_STYLE.items():
+            for reason, meaning in REASON_LEGEND.items():
+                if (outcome, reason) in shown:
+                    grid.add_row(Text(f"{name} {reason}", style=style), meaning)
+        return grid
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.decisions:
+            yield Text("legend", style="bold")
+            yield self.grid(options.max_width)
+
+
+def status_line(status: int) -> Text:
+    """`status ok: …` or `status degraded: …`, in words that say what the status means."""
+    word, colour, meaning = STATUS_WORDING.get(
+        status, (context_pb2.PacketStatus.Name(status).removeprefix("PACKET_STATUS_"), "", "")
+    )
+    return Text.assemble(
+        ("status ", "bold"), (word.lower(), colour), f": {meaning}" if meaning else ""
+    )
+
+
 def packet_view(packet: context_pb2.ContextPacket, trace_id: str = "") -> RenderableType:
-    """The packet as the agent would receive it, with status, warnings and the trace id."""
-    status = context_pb2.PacketStatus.Name(packet.status).removeprefix("PACKET_STATUS_")
-    colour = "green" if packet.status == context_pb2.PACKET_STATUS_OK else "yellow"
+    """The packet as the agent would receive it: what it holds, its status in words and what
+    was held back, the trace id."""
     header = Text.assemble(
-        ("status ", "bold"),
-        (status.lower(), colour),
-        f"  facts {len(packet.facts)}  episodes {len(packet.episodes)}",
+        ("packet ", "bold"),
+        f"facts {len(packet.facts)}  episodes {len(packet.episodes)}",
         f"  tokens {packet.tokens_used}/{packet.budget_tokens}",
         (f"  trace {trace_id}" if trace_id else ""),
     )
-    parts: list[RenderableType] = [header]
-    parts += [Text(f"warning: {w}", style="yellow") for w in packet.warnings]
+    parts: list[RenderableType] = [header, status_line(packet.status)]
+    parts += [Text(f"  held back: {w}", style="cyan") for w in packet.warnings]
     block = render_packet(packet)
     if block:
         parts.append(Panel(Text(block), title="packet", title_align="left", expand=False))
@@ -142,7 +241,8 @@ def packet_view(packet: context_pb2.ContextPacket, trace_id: str = "") -> Render
 
 
 def trace_view(trace: context_pb2.Trace) -> RenderableType:
-    """A stored trace: its call, the decision table with the budget bar, timings."""
+    """A stored trace: its call, the decision table with the budget bar and its legend,
+    timings, the status in words."""
     table = DecisionTable(
         f"trace {trace.trace_id}  {trace.project_id}/{trace.subject_id}  "
         f"{when(trace.created_at)}  query {trace.query!r}",
@@ -151,17 +251,16 @@ def trace_view(trace: context_pb2.Trace) -> RenderableType:
     for decision in trace.decisions:
         table.add(decision)
     table.used = trace.tokens_used
-    status = context_pb2.PacketStatus.Name(trace.status).removeprefix("PACKET_STATUS_").lower()
     t = trace.timings
     summary = Text(
-        f"status {status}  tokens {trace.tokens_used}/{trace.budget_tokens}"
+        f"tokens {trace.tokens_used}/{trace.budget_tokens}"
         f"  embed {t.embed_ms:.1f} ms  retrieve {t.retrieve_ms:.1f} ms  pack {t.pack_ms:.1f} ms"
         f"  total {t.total_ms:.1f} ms"
         + (f"  as of {when(trace.as_of)}" if trace.HasField("as_of") else "")
         + (f"  empty: {trace.empty_reason}" if trace.empty_reason else "")
     )
-    warnings = [Text(f"warning: {w}", style="yellow") for w in trace.warnings]
-    return Group(table, summary, *warnings)
+    held = [Text(f"  held back: {w}", style="cyan") for w in trace.warnings]
+    return Group(table, DecisionLegend(trace.decisions), summary, status_line(trace.status), *held)
 
 
 def _fact_value(fact: memory_pb2.Fact) -> str:

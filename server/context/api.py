@@ -111,6 +111,8 @@ def packet_message(packet: Packet) -> pb.ContextPacket:
         empty_reason=packet.empty_reason,
         budget_tokens=packet.budget_tokens,
         tokens_used=packet.tokens_used,
+        block=packet.block,
+        token_counter=packet.token_counter,
     )
 
 
@@ -203,7 +205,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     ) -> pb.AssembleContextResponse:
         call = self._request(request)
         trace_id = new_trace_id()
-        structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
+        structlog.contextvars.bind_contextvars(satchel_trace_id=str(trace_id))
         async for item in assemble(self._runtime(), call, trace_id):
             if isinstance(item, Packet):
                 return pb.AssembleContextResponse(
@@ -218,7 +220,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     ) -> AsyncIterator[pb.StreamContextResponse]:
         call = self._request(request)
         trace_id = new_trace_id()
-        structlog.contextvars.bind_contextvars(trace_id=str(trace_id))
+        structlog.contextvars.bind_contextvars(satchel_trace_id=str(trace_id))
         items = assemble(self._runtime(), call, trace_id)
         async for message in stream_messages(
             items, str(trace_id), request.max_decisions_per_message

@@ -35,6 +35,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from satchel.server.context.domain.block import (
+    BlockCosts,
+    episode_line,
+    fact_line,
+    render_block,
+)
 from satchel.server.context.domain.entities import extract_entities
 from satchel.server.context.domain.episode_ranking import EpisodeQuery, ScopeEvents, rank_episodes
 from satchel.server.context.domain.fact_ranking import (
@@ -70,6 +76,7 @@ from satchel.server.memory.domain.rendering import excerpt
 from satchel.server.platform.config import ContextSettings
 from satchel.server.platform.runtime import Runtime
 from satchel.server.platform.storage.pool import autocommit
+from satchel.server.platform.tokens import ESTIMATE, TokenCounter
 
 T = TypeVar("T")
 
@@ -114,7 +121,10 @@ class ServedEpisode:
 
 @dataclass(frozen=True)
 class Packet:
-    """What the agent receives, plus the trace id under which every decision is stored."""
+    """What the agent receives, plus the trace id under which every decision is stored.
+    `block`: the packet rendered for a prompt (`domain/block.py`); `tokens_used`: its tokens
+    as `token_counter` counts them (`block:<counter>`), or with SATCHEL_BUDGET_COUNTS=items
+    the sum of the served texts' estimates (`items:chars/4`)."""
 
     trace_id: str
     facts: list[ServedFact]
@@ -124,6 +134,59 @@ class Packet:
     empty_reason: str
     budget_tokens: int
     tokens_used: int
+    block: str = ""
+    token_counter: str = ""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How a call's budget counts (SATCHEL_BUDGET_COUNTS): the rendered block's tokens with
+    `counter`, or (`block` False) the seed's sum of the served texts' estimates."""
+
+    tokens: int
+    counter: TokenCounter
+    block: bool
+
+    @property
+    def costs(self) -> BlockCosts | None:
+        """What packing charges beyond the lines (None: nothing, the items budget)."""
+        return BlockCosts.of(self.counter) if self.block else None
+
+    def line_cost(self, line: str) -> int | None:
+        """What a candidate's line costs (None: its text's estimate, the items budget)."""
+        return self.counter.bound(line) if self.block else None
+
+    @property
+    def counter_name(self) -> str:
+        return f"block:{self.counter.name}" if self.block else f"items:{ESTIMATE}"
+
+    def render(
+        self, facts: list[ServedFact], episodes: list[ServedEpisode], warnings: list[str]
+    ) -> tuple[str, int | None]:
+        """The packet's block and, for a block budget, its tokens (the notes are kept when
+        they fit)."""
+        block = render_block(
+            [
+                fact_line(f.statement, f.predicate, f.value, f.valid_from, f.confidence)
+                for f in facts
+            ],
+            [episode_line(e.occurred_at, e.kind, e.excerpt) for e in episodes],
+            warnings,
+            fits=(lambda text: self.counter.count(text) <= self.tokens) if self.block else None,
+        )
+        if not self.block:
+            return block, None
+        return block, self.counter.count(block) if block else 0
+
+
+def _fact_line(fact: ServedFact) -> str:
+    return fact_line(fact.statement, fact.predicate, fact.value, fact.valid_from, fact.confidence)
+
+
+def budget_of(runtime: Runtime, budget_tokens: int) -> Budget:
+    """A call's budget under the server's settings."""
+    block = runtime.settings.context.budget_counts == "block"
+    return Budget(budget_tokens, runtime.tokens, block)
 
 
 @dataclass(frozen=True)
@@ -148,7 +211,7 @@ class _Timer:
         return (time.perf_counter() - self.started) * 1000
 
 
-def _fact_candidates(rows: list[ScoredFact]) -> list[Candidate]:
+def _fact_candidates(rows: list[ScoredFact], budget: Budget) -> list[Candidate]:
     """The rows as packing candidates; of two statements of one value, the newer ranks first."""
     candidates = [
         Candidate(
@@ -163,6 +226,9 @@ def _fact_candidates(rows: list[ScoredFact]) -> list[Candidate]:
                 CONFLICT_OPEN if r.in_open_conflict else VOLATILITY_EXPIRED if r.expired else None
             ),
             sources=frozenset(r.source_event_ids),
+            cost=budget.line_cost(
+                fact_line(r.statement, r.predicate, r.value, r.valid_from, r.confidence)
+            ),
         )
         for r in rows
     ]
@@ -172,17 +238,19 @@ def _fact_candidates(rows: list[ScoredFact]) -> list[Candidate]:
     return newer_first(candidates, {r.id: r.since_epoch for r in rows}, restates)
 
 
-def _episode_candidate(row: ScoredEpisode) -> Candidate:
+def _episode_candidate(row: ScoredEpisode, budget: Budget) -> Candidate:
+    text = excerpt(row.text, EPISODE_EXCERPT_CHARS)
     return Candidate(
         id=row.id,
         kind=EPISODE,
-        text=excerpt(row.text, EPISODE_EXCERPT_CHARS),
+        text=text,
         similarity=row.similarity,
         text_rank=row.text_rank,
         recency=row.recency,
         score=row.score,
         blocked_reason=SOURCE_FACTS_HIDDEN if row.source_facts_hidden else None,
         context_similarity=row.context_similarity,
+        cost=budget.line_cost(episode_line(row.occurred_at, row.kind, text)),
     )
 
 
@@ -373,9 +441,17 @@ class ContextCall:
             at=request.as_of or datetime.now(UTC),
             historical=request.as_of is not None,
         )
-        self.packer = Packer(request.budget_tokens, max_distance=request.max_distance)
+        self.budget = budget_of(runtime, request.budget_tokens)
+        self.packer = self._packer()
         self.facts: dict[str, ScoredFact] = {}
         self.episodes: dict[str, ScoredEpisode] = {}
+
+    def _packer(self) -> Packer:
+        return Packer(
+            self.request.budget_tokens,
+            max_distance=self.request.max_distance,
+            costs=self.budget.costs,
+        )
 
     def _span(self, name: str) -> None:
         self.mark = self.timer.add(name, self.mark)
@@ -473,7 +549,7 @@ class ContextCall:
         """The multi-hop sources of a packing of the facts alone: hybrid packing ranks episodes
         among the facts and mostly retains the same facts, so its pass can start on this
         guess while the episodes load."""
-        packer = Packer(self.request.budget_tokens, max_distance=self.request.max_distance)
+        packer = self._packer()
         for _ in packer.pack(facts, skip_served=self.cfg.skip_served_episodes):
             pass
         return _hop_sources(packer)
@@ -483,7 +559,7 @@ class ContextCall:
         candidates = await found.facts
         self._span("retrieve")
         self.facts = {r.id: r for r in candidates.facts}
-        facts = _fact_candidates(candidates.facts)
+        facts = _fact_candidates(candidates.facts, self.budget)
         together = self.ranking.packs_episodes_with_facts
 
         if not together:  # the facts first: their multi-hop pass runs while episodes load
@@ -503,7 +579,7 @@ class ContextCall:
         episode_rows = await found.episodes
         self._span("retrieve")
         self.episodes = {r.id: r for r in episode_rows}
-        episodes = [_episode_candidate(r) for r in episode_rows]
+        episodes = [_episode_candidate(r, self.budget) for r in episode_rows]
         if together:
             for decision in self._pack(facts + episodes):
                 yield decision
@@ -521,7 +597,9 @@ class ContextCall:
             hops = await found.hop
             self._span("retrieve")
             self.facts.update((r.id, r) for r in hops)
-            expansion = self._pack(_fact_candidates(hops), gated=False, reason=MULTI_HOP_EXPANSION)
+            expansion = self._pack(
+                _fact_candidates(hops, self.budget), gated=False, reason=MULTI_HOP_EXPANSION
+            )
             for decision in expansion:
                 yield decision
             yield PASS_END
@@ -546,6 +624,7 @@ class ContextCall:
             for c in packer.included
             if c.kind == EPISODE
         ]
+        block, block_tokens = self.budget.render(facts, episodes, warnings)
         packet = Packet(
             trace_id=str(self.trace_id),
             facts=facts,
@@ -554,7 +633,9 @@ class ContextCall:
             status=status,
             empty_reason=empty_reason(packer),
             budget_tokens=request.budget_tokens,
-            tokens_used=packer.used,
+            tokens_used=packer.used if block_tokens is None else block_tokens,
+            block=block,
+            token_counter=self.budget.counter_name,
         )
         spans = self.timer.spans
         call = CallRecord(
@@ -567,7 +648,7 @@ class ContextCall:
             status=status,
             warnings=warnings,
             empty_reason=packet.empty_reason,
-            tokens_used=packer.used,
+            tokens_used=packet.tokens_used,
             facts_served=len(facts),
             episodes_served=len(episodes),
             embed_ms=spans.get("embed", 0.0),

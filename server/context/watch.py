@@ -40,10 +40,18 @@ import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from satchel.server.context.service import EPISODE_EXCERPT_CHARS, Packet, ServedEpisode, ServedFact
+from satchel.server.context.service import (
+    EPISODE_EXCERPT_CHARS,
+    Budget,
+    Packet,
+    ServedEpisode,
+    ServedFact,
+)
 from satchel.server.context.storage import traces as store
 from satchel.server.memory.domain.rendering import excerpt
 from satchel.server.memory.storage.records import ERASURES
+from satchel.server.platform.backoff import Backoff
+from satchel.server.platform.tokens import TokenCounter
 
 log = structlog.get_logger(__name__)
 
@@ -185,8 +193,9 @@ class Turn:
             self.release()
 
 
-def rebuild_packet(stored: store.StoredCall) -> Packet:
-    """The packet of a committed call, from its included decisions and the served rows."""
+def rebuild_packet(stored: store.StoredCall, budget: Budget | None = None) -> Packet:
+    """The packet of a committed call, from its included decisions and the served rows;
+    rendered into its block under `budget` (the call's), when given."""
     call = stored.call
     facts: list[ServedFact] = []
     episodes: list[ServedEpisode] = []
@@ -209,15 +218,19 @@ def rebuild_packet(stored: store.StoredCall) -> Packet:
         elif d["candidate_kind"] == "episode" and (row := stored.events.get(key)) is not None:
             text = excerpt(row["text"], EPISODE_EXCERPT_CHARS)
             episodes.append(ServedEpisode(key, row["kind"], row["occurred_at"], text))
+    warnings = list(call["warnings"])
+    block = budget.render(facts, episodes, warnings)[0] if budget is not None else ""
     return Packet(
         trace_id=str(call["trace_id"]),
         facts=facts,
         episodes=episodes,
-        warnings=list(call["warnings"]),
+        warnings=warnings,
         status=call["status"],
         empty_reason=call["empty_reason"],
         budget_tokens=call["budget_tokens"],
         tokens_used=call["tokens_used"],
+        block=block,
+        token_counter=budget.counter_name if budget is not None else "",
     )
 
 
@@ -239,6 +252,10 @@ class TraceHub:
         self.stats = HubStats()
         self.listener_pid: int | None = None
         self.reconnect_min = RECONNECT_MIN_SECONDS
+        # How the server's calls count their budget, to render watched packets alike (set by
+        # the Runtime; without a counter, packets come without their block).
+        self.counter: TokenCounter | None = None
+        self.block_budget = True
         self._dsn = dsn
         self._pool = pool
         self._watchers: dict[str, set[Watcher]] = {}
@@ -304,7 +321,7 @@ class TraceHub:
             except (psycopg.Error, PoolTimeout, OSError) as exc:
                 watcher.dropped += 1
                 self.stats.dropped += 1
-                log.warning("watch_read_failed", trace_id=ref.trace_id, error=str(exc))
+                log.warning("watch_read_failed", satchel_trace_id=ref.trace_id, error=str(exc))
                 continue
             if watched is not None:
                 yield watched
@@ -390,11 +407,16 @@ class TraceHub:
             trace_id=ref.trace_id,
             subject_id=stored.call["subject_id"],
             decisions=stored.decisions,
-            packet=rebuild_packet(stored),
+            packet=rebuild_packet(stored, self._budget(stored.call["budget_tokens"])),
         )
 
+    def _budget(self, budget_tokens: int) -> Budget | None:
+        if self.counter is None:
+            return None
+        return Budget(budget_tokens, self.counter, self.block_budget)
+
     async def _listen_forever(self) -> None:
-        delay = self.reconnect_min
+        backoff = Backoff(self.reconnect_min, RECONNECT_MAX_SECONDS)
         lost_at: datetime | None = None
         while True:
             try:
@@ -412,7 +434,7 @@ class TraceHub:
                         self.stats.reconnects += 1
                         log.info("watch_listener_reconnected")
                         await self._catch_up(conn, lost_at - CATCH_UP_MARGIN)
-                    delay = self.reconnect_min
+                    backoff.reset()
                     while True:
                         async for notify in conn.notifies(timeout=PROBE_SECONDS):
                             if notify.channel == ERASURES:
@@ -424,9 +446,9 @@ class TraceHub:
                 self.stats.connected = False
                 self._connected.clear()
                 lost_at = self._last_alive or lost_at
+                delay = backoff.next()
                 log.warning("watch_listener_lost", error=str(exc), retry_in_seconds=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
     async def _probe(self, conn: psycopg.AsyncConnection) -> None:
         # Detects a connection that died silently, and dates the last moment it was alive.

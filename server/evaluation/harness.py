@@ -23,14 +23,15 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+import structlog
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from satchel.server.embedding.port import Embedder
@@ -45,9 +46,13 @@ from satchel.server.evaluation.metrics import (
     recall_at,
     summarise,
 )
-from satchel.server.memory.domain.rendering import estimate_tokens, excerpt
+from satchel.server.memory.domain.rendering import excerpt
 from satchel.server.platform.config import Settings
+from satchel.server.platform.tokens import estimate_tokens
 from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 EVENT_KIND = "conversation.message"
 FACT_PREDICATE = "observation"
@@ -56,6 +61,9 @@ LOAD_BATCH = 500
 
 EPISODE_EXCERPT_CHARS = 600
 """Baselines pack each turn as satchel serves an episode (cut to this many characters)."""
+
+DELETE_TIMEOUT_S = 120.0
+"""How long deleting the run's project may take (every event, fact and trace of it)."""
 
 RECALL_AT_K = (5, 10, 25, 50)
 CLOCKS = ("end", "real")
@@ -80,7 +88,7 @@ PUBLISHED: dict[str, Any] = {
 class EvalOptions:
     """What to evaluate and how."""
 
-    data: Path = locomo.DEFAULT_DATA
+    data: Path = field(default_factory=lambda: locomo.beside_checkout(locomo.DEFAULT_DATA))
     errata: Path | None = None
     conversations: tuple[str, ...] = ()
     limit_questions: int | None = None
@@ -364,6 +372,75 @@ def _details(record: QuestionRecord) -> dict[str, Any]:
     }
 
 
+async def finish(cleanup: Awaitable[T]) -> T:
+    """Await `cleanup` to its end even when the task is cancelled meanwhile (Ctrl-C reaches
+    `asyncio.run` as a cancellation, possibly as cleanup starts), then raise the cancellation."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def forget(address: str, project_id: str, progress: Any = None) -> bool:
+    """Delete a project the harness loaded (DeleteProject through the SDK); False when that
+    fails, with a message naming the project left behind."""
+    from satchel.client import AsyncSatchelClient, SatchelError
+
+    try:
+        async with AsyncSatchelClient(address, timeout=DELETE_TIMEOUT_S) as client:
+            await client.delete_project(project_id)
+    except SatchelError as exc:
+        message = f"could not delete project {project_id} on {address} ({exc}): it is left there"
+        if progress:
+            progress(message)
+        else:
+            log.warning(
+                "locomo_project_left", project_id=project_id, address=address, error=str(exc)
+            )
+        return False
+    return True
+
+
+async def _evaluate_at(
+    address: str,
+    conversations: Sequence[Conversation],
+    options: EvalOptions,
+    embedder: Embedder | None,
+    *,
+    project_id: str,
+    progress: Any,
+    delete: bool,
+    kept_in: str | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """`evaluate_on` through a channel to `address`; with `delete`, the project is deleted
+    afterwards, on an error or a cancellation too; with `kept_in` (where it stays), the
+    project's id is reported through `progress`. (report, whether it was deleted)."""
+    deleted = False
+    if progress and (delete or kept_in):
+        progress(f"loading into project {project_id} on {address}")
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            report = await evaluate_on(
+                channel, conversations, options, embedder, project_id=project_id, progress=progress
+            )
+    finally:
+        if delete:
+            deleted = await finish(forget(address, project_id, progress))
+        elif kept_in and progress:
+            progress(f"project {project_id} kept {kept_in}")
+    return report, deleted
+
+
+def _project_fate(keep: bool, deleted: bool) -> str:
+    return "kept" if keep else "deleted" if deleted else "left (DeleteProject failed)"
+
+
 async def run(
     options: EvalOptions,
     settings: Settings,
@@ -371,23 +448,47 @@ async def run(
     address: str | None = None,
     embedder: Embedder | None = None,
     progress: Any = None,
+    conversations: Sequence[Conversation] | None = None,
+    keep: bool = False,
 ) -> dict[str, Any]:
     """Run the harness against `address`, or against an in-process server on a scratch
     database (SATCHEL_DATABASE_URL, else an embedded PostgreSQL in a temporary directory
-    under /var/tmp, removed afterwards)."""
-    conversations = locomo.select(
-        locomo.load_conversations(options.data), options.conversations, options.limit_questions
-    )
-    if options.errata is not None:
-        conversations, _ = locomo.apply_errata(conversations, locomo.load_errata(options.errata))
+    under /var/tmp, removed afterwards).
+
+    `conversations` (selected, errata applied) are read as `options` says when not given. The
+    run loads one fresh project (the report's `run.project_id`). Where the database outlives
+    the run (`address`, or SATCHEL_DATABASE_URL) it is deleted when the run ends, also on an
+    error or a cancellation, unless `keep`; `settings.project` in the report says which.
+    """
+    if conversations is None:
+        conversations = locomo.select(
+            locomo.load_conversations(options.data), options.conversations, options.limit_questions
+        )
+        if options.errata is not None:
+            conversations, _ = locomo.apply_errata(
+                conversations, locomo.load_errata(options.errata)
+            )
+    project_id = f"locomo-eval-{uuid.uuid4().hex[:10]}"
     if address is not None:
         if embedder is None and options.baselines:
             from satchel.server.embedding import load_embedder
 
             embedder = await asyncio.to_thread(load_embedder, settings)
-        async with grpc.aio.insecure_channel(address) as channel:
-            report = await evaluate_on(channel, conversations, options, embedder, progress=progress)
-        report["settings"] = {"server": address, "context": "as configured on that server"}
+        report, deleted = await _evaluate_at(
+            address,
+            conversations,
+            options,
+            embedder,
+            project_id=project_id,
+            progress=progress,
+            delete=not keep,
+            kept_in=f"on {address}" if keep else None,
+        )
+        report["settings"] = {
+            "server": address,
+            "context": "as configured on that server",
+            "project": _project_fate(keep, deleted),
+        }
         return report
 
     from satchel.server.platform.app import SatchelServer
@@ -398,22 +499,38 @@ async def run(
         settings = replace(settings, data_dir=scratch)
     settings = replace(settings, listen="127.0.0.1:0")
     server = SatchelServer(settings)
+
+    async def stop() -> None:
+        await server.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
     try:
         await server.start()
         runtime = server.runtime()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            report = await evaluate_on(
-                channel, conversations, options, embedder or runtime.embedder, progress=progress
-            )
+        report, deleted = await _evaluate_at(
+            f"127.0.0.1:{server.port}",
+            conversations,
+            options,
+            embedder or runtime.embedder,
+            project_id=project_id,
+            progress=progress,
+            # A scratch database goes as a whole; SATCHEL_DATABASE_URL's stays: clean it.
+            delete=scratch is None and not keep,
+            kept_in="in SATCHEL_DATABASE_URL's database" if scratch is None and keep else None,
+        )
         report["settings"] = {
             "server": "in-process",
             "database": "SATCHEL_DATABASE_URL" if scratch is None else "embedded (scratch)",
             "scratch_dir": str(scratch) if scratch is not None else None,
             "embedding_model": runtime.embedder.model_id,
             "context": asdict(settings.context),
+            "project": (
+                _project_fate(keep, deleted)
+                if scratch is None
+                else "removed with the scratch database"
+            ),
         }
         return report
     finally:
-        await server.stop()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        await finish(stop())

@@ -19,6 +19,30 @@ from typing import Any
 
 DEFAULT_DATA = Path("../shared/data/locomo/locomo_dev.json")
 DEFAULT_ERRATA = Path("../shared/data/locomo/locomo_dev_audit_errata.json")
+"""Where a source checkout finds the dev conversations and their errata: relative to the
+checkout's root (`beside_checkout`), in the `shared` folder beside it, never inside it."""
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The root of the source checkout this module runs from (an installed package has none)."""
+
+SOURCE = (
+    "satchel does not ship LoCoMo (CC BY-NC 4.0): download data/locomo10.json from its public"
+    " release, https://github.com/snap-research/LoCoMo"
+)
+"""Where the data comes from, for messages."""
+
+ERRATA_SOURCE = (
+    "satchel does not ship them: errors.json of https://github.com/dial481/locomo-audit"
+    " (question ids locomo_<conversation index>_qa<index>)"
+)
+
+
+def beside_checkout(default: Path) -> Path:
+    """`default` (DEFAULT_DATA or DEFAULT_ERRATA) resolved against the root of the source
+    checkout, whatever the working directory (for an installed package: beside its folder in
+    site-packages, where nothing is found)."""
+    return (CHECKOUT / default).resolve()
+
 
 CATEGORIES: dict[int, str] = {
     4: "single-hop",
@@ -182,8 +206,11 @@ def parse_conversation(index: int, sample: Mapping[str, Any]) -> Conversation:
 
 
 def load_conversations(path: Path) -> list[Conversation]:
-    """Every conversation of a LoCoMo JSON file, in file order."""
-    return [parse_conversation(i, s) for i, s in enumerate(json.loads(path.read_text()))]
+    """Every conversation of a LoCoMo JSON file, in file order (ValueError when it holds none)."""
+    records = json.loads(path.read_text())
+    if not isinstance(records, list) or not records:
+        raise ValueError("expected a non-empty JSON list of LoCoMo conversations")
+    return [parse_conversation(i, s) for i, s in enumerate(records)]
 
 
 def select(

@@ -95,5 +95,6 @@ def render_text(report: dict[str, Any]) -> str:
         "Run: "
         + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items())
         + f"; project {run['project_id']}"
+        + (f" ({fate})" if (fate := report.get("settings", {}).get("project")) else "")
     )
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from satchel.server.memory.api import MemoryServicer
 from satchel.server.platform import reflection
 from satchel.server.platform.admission import FairAdmission
 from satchel.server.platform.auth import AccessInterceptor, KeyCache, Principal
+from satchel.server.platform.backoff import Backoff
 from satchel.server.platform.config import ConfigError, Settings
 from satchel.server.platform.interceptors import ServiceInterceptor
 from satchel.server.platform.probe import DatabaseProbe
@@ -379,7 +380,7 @@ class SatchelServer:
         probe then finds it back and health turns SERVING. Each restart is logged and counted
         (`satchel_embedded_postgres_restarts`). Nothing stops it but the database coming back
         or the server stopping: every failure is logged and tried again."""
-        delay = RESTART_BACKOFF[0]
+        backoff = Backoff(*RESTART_BACKOFF)
         while self.probe is not None and not self.probe.up and self._embedded is not None:
             embedded = self._embedded
             try:
@@ -388,15 +389,16 @@ class SatchelServer:
                     self.postgres_restarts += 1
                     self.telemetry.observe_postgres_restart()
                     log.warning("embedded_postgres_restarted", restarts=self.postgres_restarts)
-                delay = RESTART_BACKOFF[0]
+                backoff.reset()
+                delay = backoff.initial  # look again shortly: the probe may not have seen it yet
             except Exception as exc:  # not yet (its old backends may still hold memory)
+                delay = backoff.next()
                 log.warning(
                     "embedded_postgres_restart_failed",
                     error=f"{type(exc).__name__}: {exc}",
                     retry_s=delay,
                     exc_info=True,
                 )
-                delay = min(delay * 2, RESTART_BACKOFF[1])
             await asyncio.sleep(delay)
 
     async def _set_health(self, status: int) -> None:

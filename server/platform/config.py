@@ -49,6 +49,11 @@ class ContextSettings:
 
     #: Context budget in tokens when a request sets none.
     default_budget_tokens: int = 900
+    #: What a context budget bounds: `block`, the rendered `<satchel_memory>` block the agent
+    #: puts in its prompt (its lines, dates, headers and notes, counted with
+    #: `SATCHEL_TOKENIZER`, else as characters / 4); `items`, the seed's rule: the sum of the
+    #: served texts' estimates (characters / 4), the block around them not counted.
+    budget_counts: str = "block"
     #: Two-phase retrieval, phase 1: the K facts taken per source (the nearest by cosine, HNSW;
     #: the best text matches, GIN) before phase 2 scores their union.
     retrieval_top_k: int = 128
@@ -170,6 +175,7 @@ def recall_floor(settings: ContextSettings, model_id: str) -> float:
 
 
 WEIGHT_FIELDS = ("weight_similarity", "weight_text_rank", "weight_recency")
+BUDGET_COUNTS = ("block", "items")
 RANKING_WEIGHTS: dict[str, tuple[float, float, float]] = {
     "hybrid": (0.7, 0.3, 0.02),  # measured on LoCoMo (benchmarks/locomo.md)
     "seed": (0.6, 0.25, 0.15),  # the seed's formula
@@ -256,6 +262,10 @@ class Settings:
     embed_model_path: Path | None = None
     #: ONNX threads per embedding call.
     embed_threads: int = 1
+    #: A Hugging Face `tokenizer.json` (e.g. the LLM's own) that counts the tokens of context
+    #: blocks against their budget (`SATCHEL_BUDGET_COUNTS=block`); unset: characters / 4.
+    #: Read at start (a missing or invalid file stops the server).
+    tokenizer: Path | None = None
     #: Least connections of each of the two connection pools (one runs the context statements
     #: on their generic plans, the other the rest).
     db_pool_min: int = 2
@@ -402,6 +412,7 @@ class Settings:
             ),
             (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),
             (c.ranking in RANKING_WEIGHTS, "SATCHEL_RANKING is hybrid|seed"),
+            (c.budget_counts in BUDGET_COUNTS, "SATCHEL_BUDGET_COUNTS is block|items"),
             *(
                 (
                     math.isfinite(getattr(c, name)) and getattr(c, name) >= 0,
@@ -517,6 +528,7 @@ class Settings:
             ("SATCHEL_TLS_CERT", self.tls_cert),
             ("SATCHEL_TLS_KEY", self.tls_key),
             ("SATCHEL_TLS_CLIENT_CA", self.tls_client_ca),
+            ("SATCHEL_TOKENIZER", self.tokenizer),
         ):
             if path is not None and not path.is_file():
                 raise ConfigError(f"{name} {path} is not a file")

@@ -3,7 +3,9 @@
 Every line goes through structlog: satchel's own, and stdlib `logging` records (gRPC's Python
 `grpc.*` loggers, psycopg, onnxruntime…) rendered by the same processors with a `logger` key.
 While an OpenTelemetry span is current (SATCHEL_OTEL not `off`), each line carries its
-`trace_id` and `span_id` (W3C hex, as exporters and log backends expect).
+`trace_id` and `span_id` (W3C hex, as exporters and log backends expect): `trace_id` is only ever
+OpenTelemetry's. satchel's own id of a context call (the UUID `AssembleContext` returns, which
+`GetTrace` reads) is `satchel_trace_id`, with spans on or off.
 """
 
 from __future__ import annotations
@@ -49,19 +51,28 @@ class _StructlogHandler(logging.Handler):
             self.handleError(record)
 
 
-def add_otel_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+SATCHEL_TRACE_ID = "satchel_trace_id"
+"""The key of satchel's own context-call id (a UUID) in log lines; `trace_id` is OpenTelemetry's."""
+
+
+def add_trace_ids(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """Add the current OpenTelemetry span's `trace_id` and `span_id`, when there is one.
 
-    OpenTelemetry is never imported here: with spans off it is not loaded and this costs a
-    dictionary lookup.
+    `trace_id` is OpenTelemetry's alone, so that a line joins the span of its call: a `trace_id`
+    a caller bound or passed is satchel's own call id, and is moved to `satchel_trace_id` (bind
+    that key directly). OpenTelemetry is never imported here: with spans off it is not loaded and
+    this costs a dictionary lookup.
     """
+    own = event_dict.pop("trace_id", None)
+    if own is not None:
+        event_dict.setdefault(SATCHEL_TRACE_ID, own)
     trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
         return event_dict
     context = trace.get_current_span().get_span_context()
     if context.is_valid:
-        event_dict.setdefault("trace_id", format(context.trace_id, "032x"))
-        event_dict.setdefault("span_id", format(context.span_id, "016x"))
+        event_dict["trace_id"] = format(context.trace_id, "032x")
+        event_dict["span_id"] = format(context.span_id, "016x")
     return event_dict
 
 
@@ -83,7 +94,7 @@ def configure_logging(level: str = "info", fmt: str = "json", *, with_pid: bool 
     )
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
-        add_otel_ids,
+        add_trace_ids,
         *([add_pid] if with_pid else []),
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

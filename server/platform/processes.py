@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from satchel.server.platform.backoff import Backoff
 from satchel.server.platform.config import ConfigError, Settings
 from satchel.server.platform.logs import configure_logging
 
@@ -70,7 +71,7 @@ class WorkerProcesses:
 
     async def _keep(self, index: int) -> None:
         loop = asyncio.get_running_loop()
-        delay = RESTART_BACKOFF[0]
+        backoff = Backoff(*RESTART_BACKOFF)
         while True:
             process = self._context.Process(
                 target=serve_worker,
@@ -85,7 +86,8 @@ class WorkerProcesses:
             while process.exitcode is None:
                 await asyncio.sleep(EXIT_POLL_SECONDS)
             if loop.time() - started >= STABLE_SECONDS:
-                delay = RESTART_BACKOFF[0]
+                backoff.reset()
+            delay = backoff.next()
             log.warning(
                 "worker_exited",
                 worker=index,
@@ -94,7 +96,6 @@ class WorkerProcesses:
                 restart_in_s=delay,
             )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RESTART_BACKOFF[1])
 
     async def stop(self) -> None:
         """Stop restarting; SIGTERM each worker, wait for it to drain (the grace period and a few

@@ -17,6 +17,7 @@ from satchel.server.embedding.port import Embedder
 from satchel.server.platform.config import Settings
 from satchel.server.platform.reads import ReadRouter, ReadTarget
 from satchel.server.platform.telemetry import Telemetry
+from satchel.server.platform.tokens import TokenCounter, counter_of
 
 if TYPE_CHECKING:
     from satchel.server.context.watch import TraceHub
@@ -51,17 +52,23 @@ class Runtime:
     replicas: list[ReadTarget] = field(default_factory=list)
     # The events and facts of the scopes read most, for hybrid ranking in memory.
     scope_cache: ScopeCache = field(init=False)
+    # What counts a context block's tokens (SATCHEL_TOKENIZER, else characters / 4).
+    tokens: TokenCounter = field(init=False)
 
     def __post_init__(self) -> None:
         primary = ReadTarget("primary", self.pool, self.context_pool)
         wait = self.settings.read_replica_max_wait_seconds
         self.reads = ReadRouter(primary, self.replicas, max_wait=wait)
+        self.tokens = counter_of(self.settings)
         context = self.settings.context
         self.scope_cache = ScopeCache(
             self.pool, context.scope_cache_mb * 2**20, context.scope_cache_max_rows
         )
         if self.traces is not None:  # deletions this server hears of (other servers' too)
             self.traces.on_erasure(self.scope_cache.forget)
+            # watched packets are rendered as the calls rendered them
+            self.traces.counter = self.tokens
+            self.traces.block_budget = context.budget_counts == "block"
 
     def forget_scope(self, project_id: str, subject_id: str | None) -> None:
         """Drop what this server holds in memory of a scope whose rows it just deleted (of

@@ -31,9 +31,10 @@ from satchel.server.platform.api.validation import (
 )
 from satchel.server.platform.errors import NotFound, Violations
 from satchel.server.platform.runtime import RuntimeRef
+from satchel.server.platform.tokens import estimate_tokens
 from satchel.server.talents.domain.fusion import GateReport
 from satchel.server.talents.domain.graph import InvalidEdgesError, validate_edges
-from satchel.server.talents.domain.selection import Reason, estimate_tokens
+from satchel.server.talents.domain.selection import Reason
 from satchel.server.talents.service import Resolution, ResolvedTalent, TalentService
 from satchel.server.talents.storage.catalogue import EDGE_KINDS, TalentRecord
 from satchel.v1 import talent_pb2, talent_pb2_grpc

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 from test_client import Recorder, WatchingContext
+from test_context import assert_facts, trace_of
 
 from satchel.v1 import context_pb2_grpc
 
@@ -155,20 +156,79 @@ async def test_demo_human_output_streams_the_decisions_then_the_packet(
     text = [lines[i] for i in rows]
     flight = [line for line in text if "Maya's flight to Lisbon" in line]
     assert len(flight) == 2 and all("blocked" in r and "conflict_open" in r for r in flight)
+    # The two sides of the conflict differ only in their last word: both must show it.
+    assert sorted(day for r in flight for day in ("14th", "15th") if day in r) == ["14th", "15th"]
     assert any(
         "Maya is in Berlin" in r and "excluded" in r and "volatility_expired" in r for r in text
     )
     assert any("included" in r and "relevance" in r for r in text)
     assert any("excluded" in r and "over_budget" in r for r in text)
     bar = first_line(lines, BUDGET_BAR.match)
+    legend = first_line(lines, lambda line: line.strip() == "legend")
+    summary = first_line(lines, lambda line: line.startswith("packet facts "))
     status = first_line(lines, lambda line: line.startswith("status degraded"))
     packet = first_line(lines, lambda line: "<satchel_memory>" in line)
     talents = first_line(lines, lambda line: line.startswith("talents for "))
-    assert loaded < header < rows[0] and rows[-1] < bar < status < packet < talents
+    assert loaded < header < rows[0] and rows[-1] < bar < legend < summary < status < packet
+    assert packet < talents
     tokens = BUDGET_BAR.match(lines[bar]).group(1)  # type: ignore[union-attr]
-    assert f"tokens {tokens}/90" in lines[status]
+    assert f"tokens {tokens}/90" in lines[summary]
+    assert_legend_explains(text, lines[legend:summary], with_parts=True)
+    # "degraded" is what the memory held back, not a fault of the server.
+    assert lines[status].startswith("status degraded: some facts were held back")
+    assert "not a server fault" in lines[status]
+    held = [line.strip() for line in lines[status + 1 : packet]]
+    assert held[:2] == [
+        "held back: open_conflict: 2 fact(s) hidden pending conflict resolution",
+        "held back: volatility_expired: 1 fact(s) hidden past their volatility horizon",
+    ]
+    intro = " ".join(lines[loaded:header])  # the first screen says what follows
+    assert "the 14th, or the 15th" in intro and "The legend under the table" in intro
     talent_rows = table_rows(out)  # the selection after the packet
     assert any(r[0].startswith("demo.") and r[1] == "selected" for r in talent_rows)
+
+
+LEGEND_WORDS = {
+    "ep.": "episode",
+    "score": "sim = cosine similarity",
+    "tok": "tokens the candidate costs the budget",
+}
+REASON_WORDS = {
+    "relevance": "among the best scores",
+    "multi_hop_expansion": "multi-hop",
+    "over_budget": "did not fit",
+    "below_relevance_floor": "relevance floor",
+    "conflict_open": "open conflict",
+    "volatility_expired": "volatility horizon",
+    "source_already_served": "already holds its source",
+    "source_facts_hidden": "facts are all hidden",
+}
+
+
+def assert_legend_explains(rows: list[str], legend: list[str], with_parts: bool) -> None:
+    """The legend under a decision table names every abbreviation and every outcome and reason
+    of its `rows`, each with words that explain it."""
+    explained: dict[str, str] = {}
+    for line in legend[1:]:
+        if line[:1].isspace() and explained:  # a meaning wrapped onto the next line
+            explained[list(explained)[-1]] += " " + line.strip()
+        elif line.strip():
+            term, _, meaning = line.partition("  ")
+            explained[term] = meaning.strip()
+    for term, words in LEGEND_WORDS.items():
+        if term != "score" or with_parts:
+            assert words in explained.get(term, ""), (term, explained)
+    if with_parts:
+        assert "fts = full-text rank" in explained["score"], explained
+        assert "rec = recency" in explained["score"], explained
+    shown = {tuple(re.findall(r"\s(included|excluded|blocked)\s+(\w+)", row)[-1]) for row in rows}
+    assert len(shown) >= 5, shown
+    for outcome, reason in shown:
+        assert REASON_WORDS[reason] in explained.get(f"{outcome} {reason}", ""), (
+            outcome,
+            reason,
+            explained,
+        )
 
 
 def run_in_terminal(*args: str) -> str:
@@ -195,11 +255,13 @@ async def test_demo_on_a_terminal_redraws_the_budget_as_decisions_stream(
 ) -> None:
     args = ("demo", "--project", project_id, "--pace", "0.05", "--address", address)
     out = await asyncio.to_thread(run_in_terminal, *args)
-    streamed, _, after = out.partition("status degraded")
-    assert after and "<satchel_memory>" in after
+    streamed, _, after = out.partition("\nlegend")  # printed once, under the last frame
+    assert after and "<satchel_memory>" in after and "status degraded: some facts" in after
     used = [int(n) for n in BUDGET_BAR.findall(streamed)]
     assert len(set(used)) >= 3, used  # frames drawn while the budget filled
-    assert used == sorted(used) and used[0] < used[-1]
+    peak = len(used) - 1 - used[::-1].index(max(used))  # it fills, then shows the packet's
+    assert used[: peak + 1] == sorted(used[: peak + 1]) and used[0] < used[peak]
+    assert set(used[peak + 1 :]) <= {used[-1]}
     assert f"tokens {used[-1]}/90" in after
     assert "conflict_open" in streamed and "over_budget" in streamed
 
@@ -276,10 +338,24 @@ async def test_human_output_tables_and_budget_bar(address: str, project_id: str)
     assert "candidate" in out and "conflict_open" in out and "over_budget" in out
     assert "source_facts_hidden" in out  # the flight episode and the expired Berlin one
     assert "budget" in out and "/40 tokens" in out
-    assert "<satchel_memory>" in out and "status degraded" in out
+    assert "<satchel_memory>" in out and "status degraded: some facts were held back" in out
     trace_id = out.split("replay: satchel trace ")[1].split()[0]
     replay = ok(await satchel("trace", trace_id, "--project", project_id, "--address", address))
     assert "volatility_expired" in replay and "/40 tokens" in replay
+    for shown in (out, replay):  # the same table, legend and status words in both
+        lines = shown.splitlines()
+        legend = first_line(lines, lambda line: line.strip() == "legend")
+        after = first_line(lines, lambda line: line.startswith(("packet facts", "tokens ")))
+        rows = [line for line in lines if DECISION_ROW.match(line)]
+        assert_legend_explains(rows, lines[legend:after], with_parts=True)
+        assert "status degraded: some facts were held back" in shown
+    narrow = ok(await satchel("context", *scope, "--query", "Lisbon trip", env={"COLUMNS": "80"}))
+    lines = narrow.splitlines()
+    legend = first_line(lines, lambda line: line.strip() == "legend")
+    assert "sim = cosine" not in narrow  # no score parts in the table, none in the legend
+    rows = [line for line in lines if DECISION_ROW.match(line)]
+    summary = first_line(lines, lambda line: line.startswith("packet facts"))
+    assert_legend_explains(rows, lines[legend:summary], with_parts=False)
     facts = ok(await satchel("facts", *scope, "--all"))
     assert "Maya is vegetarian" in facts and "12 fact(s)" in facts
     stats = ok(await satchel("stats", "--project", project_id, "--address", address))
@@ -387,7 +463,7 @@ async def test_watch_prints_json_lines(watch_server: str) -> None:
     ]
     assert {m["subject_id"] for m in lines} == {"s-9"}
     human = ok(await satchel("watch", "--project", "p", "--address", watch_server))
-    assert "watching p on" in human and "packet: 0 fact(s)" in human
+    assert "watching p on" in human and "packet of t-1: 0 fact(s)" in human
 
 
 async def test_watch_explains_a_server_without_watch_traces() -> None:
@@ -472,6 +548,76 @@ async def test_watch_follows_the_calls_of_the_real_server(address: str, project_
     assert seen, "the watcher printed nothing"
     assert seen[-1]["trace_id"] in trace_ids and seen[-1]["subject_id"] == "watched"
     assert {m["trace_id"] for m in seen} == {seen[-1]["trace_id"]}
+
+
+WATCH_DECISION = re.compile(r"^(\S+) +\S+ +#(\d+) .* tok +(\d+) +packet +(\d+)")
+
+
+async def test_watch_tells_calls_of_the_same_second_apart(address: str, project_id: str) -> None:
+    """Trace ids are UUIDv7: their first 8 hex digits are a timestamp that changes every ~65 s,
+    their end is random. Each line of `watch` names its call by the end of its id (the packet's
+    line by the whole id), and its `tok` is the candidate's tokens, as in `satchel context` (the
+    packet's tokens after the decision are `packet`)."""
+    from satchel.v1 import context_pb2
+
+    base = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_VARS}
+    proc = await asyncio.create_subprocess_exec(
+        SATCHEL, "watch", "--project", project_id, "--address", address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**base, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    async def read_until(seen: Callable[[], bool], timeout: float) -> bool:
+        assert proc.stdout is not None
+        while not seen():
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+            except TimeoutError:
+                return False
+            lines.append(line.decode().rstrip("\n"))
+        return True
+
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            await assert_facts(channel, project_id, ["Maya lives in Porto", "Maya is vegetarian"])
+            stub = context_pb2_grpc.ContextServiceStub(channel)
+            request = context_pb2.AssembleContextRequest(
+                project_id=project_id, subject_id="user-1", query="Where does Maya live?"
+            )
+            for _ in range(60):  # the watcher registers a moment after it starts
+                await stub.AssembleContext(request)
+                if await read_until(lambda: any("packet of" in line for line in lines), 0.5):
+                    break
+            assert any("packet of" in line for line in lines), lines
+            started = asyncio.get_running_loop().time()
+            first = (await stub.AssembleContext(request)).trace_id
+            second = (await stub.AssembleContext(request)).trace_id
+            assert asyncio.get_running_loop().time() - started < 1.0
+            both = (f"packet of {first}:", f"packet of {second}:")
+            assert await read_until(lambda: all(any(p in x for x in lines) for p in both), 30)
+            traces = [await trace_of(channel, project_id, t) for t in (first, second)]
+    finally:
+        proc.terminate()
+        await proc.wait()
+    labels = []
+    for trace in traces:
+        (packet_line,) = [line for line in lines if f"packet of {trace.trace_id}:" in line]
+        label = packet_line.split()[0]
+        assert label in trace.trace_id, (label, trace.trace_id)
+        labels.append(label)
+        decisions = [m.groups() for m in map(WATCH_DECISION.match, lines) if m and m[1] == label]
+        assert decisions, lines
+        assert [(int(n), int(tok), int(used)) for _, n, tok, used in decisions] == [
+            (d.sequence, d.tokens, d.budget_used) for d in trace.decisions
+        ], lines
+    assert labels[0] != labels[1], lines
+
+    # `satchel trace` (the table of `satchel context`) shows the same tokens in its tok column.
+    replay = ok(await satchel("trace", first, "--project", project_id, "--address", address))
+    tok = [int(line.split()[-3]) for line in replay.splitlines() if DECISION_ROW.match(line)]
+    assert tok == [d.tokens for d in traces[0].decisions]
 
 
 async def test_output_cut_short_by_its_reader_ends_quietly(address: str, project_id: str) -> None:

@@ -119,13 +119,18 @@ async def test_budget_is_never_exceeded_across_facts_and_episodes(
         await memory_stub(channel).RecordEvent(
             event_request(project_id, payload={"speaker": "Caroline", "text": text})
         )
-    for budget in (1, 7, 19, 40, 900):
+    for budget in (1, 7, 19, 40, 60, 900):
         reply = await assemble(channel, project_id, "Tell me about Caroline", budget_tokens=budget)
         packet = reply.packet
-        used = sum(max(1, len(f.statement) // 4) for f in packet.facts) + sum(
+        # the budget bounds the rendered block the agent reads, tags, dates and headers too
+        assert packet.token_counter == "block:chars/4"
+        assert packet.tokens_used == (max(1, len(packet.block) // 4) if packet.block else 0)
+        assert packet.tokens_used <= budget
+        assert packet.block.count("\n- ") == len(packet.facts) + len(packet.episodes)
+        texts = sum(max(1, len(f.statement) // 4) for f in packet.facts) + sum(
             max(1, len(e.excerpt) // 4) for e in packet.episodes
         )
-        assert used == packet.tokens_used <= budget
+        assert texts < packet.tokens_used or not packet.block, "the block is more than its texts"
     assert len(packet.facts) == len(CAROLINE) and len(packet.episodes) == 3
 
 

@@ -86,7 +86,7 @@ async def test_a_reply_rises_with_the_question_it_answers(
             start + timedelta(days=day),
         )
     query = "When were the northern lights seen?"
-    reply = await assemble(channel, project_id, query, budget_tokens=30)
+    reply = await assemble(channel, project_id, query, budget_tokens=70)
     trace = await trace_of(channel, project_id, reply.trace_id)
     by_id = {d.candidate_id: d for d in trace.decisions}
     lifted, asked = by_id[reply_id], by_id[question]
@@ -97,7 +97,7 @@ async def test_a_reply_rises_with_the_question_it_answers(
     assert served[:2] == [question, reply_id]
 
     async with start_server(episode_context_weight=0.0) as alone:
-        reply = await assemble(alone, project_id, query, budget_tokens=30)
+        reply = await assemble(alone, project_id, query, budget_tokens=70)
         trace = await trace_of(alone, project_id, reply.trace_id)
     (unlifted,) = [d for d in trace.decisions if d.candidate_id == reply_id]
     assert math.isclose(unlifted.score, own_score(unlifted), abs_tol=1e-9)

@@ -1,5 +1,6 @@
 """The LoCoMo harness: date and evidence parsing, errata, the coverage arithmetic on hand-made
-data, and whole runs on a slice of one conversation against the real model and database."""
+data, and whole runs on a slice of one conversation against the real model and database; where
+the data comes from, and that a run leaves no project behind."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import grpc
 import pytest
 from helpers.paths import ROOT
 
+from satchel.client import AsyncSatchelClient
+from satchel.server.cli import build_parser
 from satchel.server.evaluation import harness, locomo
 from satchel.server.evaluation.metrics import (
     Bm25,
@@ -28,6 +31,7 @@ from satchel.server.evaluation.metrics import (
     summarise,
 )
 from satchel.server.evaluation.report import render_text
+from satchel.server.platform.config import ConfigError, Settings
 from satchel.v1 import context_pb2, context_pb2_grpc, memory_pb2, memory_pb2_grpc
 
 REPO = ROOT
@@ -292,19 +296,23 @@ async def test_the_harness_on_a_slice_of_one_conversation(channel, embedder) -> 
     assert "Evidence recall (evidence as published)" in text and "BM25 over turns (stemmed)" in text
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "satchel.server.cli", "eval", "locomo", *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=REPO,
+        cwd=cwd,
         timeout=180,
     )
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SATCHEL_")}
+
+
 async def test_one_command_runs_on_a_scratch_database(test_root: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SATCHEL_")}
+    env = _env()
     env["SATCHEL_DATA_DIR"] = str(test_root / "eval-cli")
     result = await asyncio.to_thread(
         _cli, "--conversations", "conv-30", "--limit-questions", "4", "--no-baselines",
@@ -320,3 +328,140 @@ async def test_one_command_runs_on_a_scratch_database(test_root: Path) -> None:
     assert scratch.parent == Path("/var/tmp") and not scratch.exists(), "removed after the run"
     bad = await asyncio.to_thread(_cli, "--conversations", "conv-99", env=env)
     assert bad.returncode == 2 and "no such conversation: conv-99" in bad.stderr
+
+
+def test_data_that_is_missing_or_not_locomo_stops_with_where_locomo_comes_from(
+    tmp_path: Path,
+) -> None:
+    env = _env()
+    not_json = tmp_path / "not.json"
+    not_json.write_text("LoCoMo?")
+    not_a_list = tmp_path / "object.json"
+    not_a_list.write_text("{}")
+    not_records = tmp_path / "records.json"
+    not_records.write_text('[{"sample_id": "conv-1"}]')
+    for path, problem in (
+        (tmp_path / "missing.json", "no such file"),
+        (tmp_path, "not a file"),
+        (not_json, "not a LoCoMo JSON file"),
+        (not_a_list, "not a LoCoMo JSON file"),
+        (not_records, "not a LoCoMo JSON file"),
+    ):
+        result = _cli("--data", str(path), "--no-baselines", env=env)
+        assert result.returncode == 2, (path, result.stderr)
+        assert f"satchel: --data {path}: {problem}" in result.stderr
+        assert "does not ship LoCoMo" in result.stderr
+        assert "data/locomo10.json" in result.stderr and "snap-research/LoCoMo" in result.stderr
+        assert "Traceback" not in result.stderr and not result.stdout
+    sample = tmp_path / "sample.json"
+    sample.write_text(json.dumps([SAMPLE]))
+    result = _cli("--data", str(sample), "--errata", "--errata-file", str(not_json), env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--errata-file {not_json}: not an errata file" in result.stderr
+    assert "dial481/locomo-audit" in result.stderr
+    result = _cli("--data", str(sample), "--keep", env=env)
+    assert result.returncode == 2 and "--keep" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_default_data_is_found_beside_the_checkout_or_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert locomo.beside_checkout(locomo.DEFAULT_DATA) == DATA.resolve()
+    assert locomo.beside_checkout(locomo.DEFAULT_ERRATA) == ERRATA.resolve()
+    # An installed package, or a checkout with no shared/ beside it: say what to pass.
+    monkeypatch.setattr(locomo, "CHECKOUT", tmp_path / "site-packages" / "satchel")
+    for argv, expected, source in (
+        (["eval", "locomo"], "no LoCoMo data: pass --data PATH", "snap-research/LoCoMo"),
+        (
+            ["eval", "locomo", "--data", str(DATA), "--errata"],
+            "no errata for --errata: pass --errata-file PATH",
+            "dial481/locomo-audit",
+        ),
+    ):
+        args = build_parser().parse_args(argv)
+        with pytest.raises(ConfigError) as raised:
+            args.func(args, Settings.from_env({}))
+        message = str(raised.value)
+        assert expected in message and source in message
+        assert str(tmp_path / "site-packages" / "shared" / "data" / "locomo") in message
+
+
+async def _leftovers(address: str, project_id: str, subject_id: str) -> tuple[int, int, int]:
+    """Events and facts the project still holds, and the rows DeleteProject then deletes."""
+    async with AsyncSatchelClient(address) as client:
+        events = await client.list_events(project_id, subject_id)
+        facts = await client.list_facts(project_id, subject_id, include_inactive=True)
+        deleted = (await client.delete_project(project_id)).deleted
+    rows = deleted.events + deleted.facts + deleted.conflicts + deleted.traces
+    return len(events.events), len(facts.facts), rows + deleted.trace_decisions
+
+
+async def test_an_eval_on_a_running_server_deletes_its_project_unless_kept(
+    address: str, tmp_path: Path
+) -> None:
+    sample = tmp_path / "sample.json"
+    sample.write_text(json.dumps([SAMPLE]))
+    args = ("--data", str(sample), "--address", address, "--no-baselines", "--json")
+    result = await asyncio.to_thread(_cli, *args, env=_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    project_id = report["run"]["project_id"]
+    assert report["run"]["questions"] == 3 and report["settings"]["project"] == "deleted"
+    assert f"loading into project {project_id} on {address}" in result.stderr
+    assert await _leftovers(address, project_id, "conv-x") == (0, 0, 0)
+
+    kept = await asyncio.to_thread(_cli, *args, "--keep", env=_env(), cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    project_id = json.loads(kept.stdout)["run"]["project_id"]
+    assert f"project {project_id} kept on {address}" in kept.stderr
+    events, facts, rows = await _leftovers(address, project_id, "conv-x")
+    assert (events, facts) == (4, 3) and rows > 7, "the loaded turns, observations and calls"
+
+
+async def test_a_failed_or_cancelled_run_deletes_its_project(address: str, settings) -> None:
+    conversations = [locomo.parse_conversation(0, SAMPLE)]
+    options = harness.EvalOptions(data=Path("sample.json"), baselines=False)
+    projects: list[str] = []
+
+    def failing(message: str) -> None:
+        if message.startswith("loading into project "):
+            projects.append(message.split()[3])
+        elif message.endswith("questions asked"):
+            raise RuntimeError("the run fails once loaded and asked")
+
+    with pytest.raises(RuntimeError, match="fails once loaded"):
+        await harness.run(
+            options, settings, address=address, conversations=conversations, progress=failing
+        )
+
+    task: asyncio.Task[dict] | None = None
+
+    def interrupting(message: str) -> None:
+        if message.startswith("loading into project "):
+            projects.append(message.split()[3])
+        elif message.endswith("questions asked"):
+            assert task is not None
+            task.cancel()  # as asyncio.run does on Ctrl-C; delivered as cleanup begins
+
+    task = asyncio.create_task(
+        harness.run(
+            options, settings, address=address, conversations=conversations, progress=interrupting
+        )
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(projects) == 2
+    for project_id in projects:
+        assert await _leftovers(address, project_id, "conv-x") == (0, 0, 0)
+
+
+async def test_an_in_process_run_on_a_database_url_deletes_its_project(
+    address: str, settings
+) -> None:
+    assert settings.database_url, "the in-process server shares the test database"
+    conversations = [locomo.parse_conversation(0, SAMPLE)]
+    options = harness.EvalOptions(data=Path("sample.json"), baselines=False)
+    report = await harness.run(options, settings, conversations=conversations)
+    assert report["settings"]["database"] == "SATCHEL_DATABASE_URL"
+    assert report["settings"]["project"] == "deleted"
+    assert await _leftovers(address, report["run"]["project_id"], "conv-x") == (0, 0, 0)

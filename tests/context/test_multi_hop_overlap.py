@@ -20,10 +20,10 @@ from satchel.server.context.domain.scored import FactCandidates, ScoredEpisode, 
 from satchel.server.context.service import Packet
 from satchel.server.context.storage.plan import QueryPlan
 from satchel.server.embedding.fake import FakeEmbedder
-from satchel.server.memory.domain.rendering import estimate_tokens
 from satchel.server.platform import reads
 from satchel.server.platform.config import ContextSettings, Settings
 from satchel.server.platform.runtime import Runtime
+from satchel.server.platform.tokens import estimate_tokens
 
 
 def _fact(fact_id: str, statement: str, score: float) -> ScoredFact:
@@ -82,7 +82,8 @@ def database(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
 
 async def _assemble(ranking: str, budget: int) -> tuple[list[Any], Packet]:
-    settings = Settings(context=ContextSettings(ranking=ranking))
+    # the budgets below are the served texts' estimates (the items budget)
+    settings = Settings(context=ContextSettings(ranking=ranking, budget_counts="items"))
     runtime = Runtime(settings=settings, pool=None, embedder=FakeEmbedder())  # type: ignore[arg-type]
     request = assembly.ContextRequest("p", "s", "What do they like?", budget)
     items = [item async for item in assembly.assemble(runtime, request)]

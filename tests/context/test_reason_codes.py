@@ -56,7 +56,7 @@ async def test_context_calls_send_the_enum_and_the_string_consistently(
     context = context_pb2_grpc.ContextServiceStub(channel)
     fields = {"project_id": project_id, "subject_id": SUBJECT, "query": "Where does Caroline live?"}
     reply = await context.AssembleContext(
-        pb.AssembleContextRequest(**fields, budget_tokens=20, max_distance=0)
+        pb.AssembleContextRequest(**fields, budget_tokens=40, max_distance=0)
     )
     trace = (
         await context.GetTrace(pb.GetTraceRequest(project_id=project_id, trace_id=reply.trace_id))
@@ -67,7 +67,7 @@ async def test_context_calls_send_the_enum_and_the_string_consistently(
     streamed = [
         message.decision
         async for message in context.StreamContext(
-            pb.StreamContextRequest(**fields, budget_tokens=20, max_distance=0)
+            pb.StreamContextRequest(**fields, budget_tokens=40, max_distance=0)
         )
         if message.WhichOneof("event") == "decision"
     ]

@@ -8,10 +8,10 @@ import pytest
 
 from satchel.server.memory.domain.rendering import (
     derive_statement,
-    estimate_tokens,
     excerpt,
     render_event_text,
 )
+from satchel.server.platform.tokens import estimate_tokens
 
 
 @pytest.mark.parametrize(

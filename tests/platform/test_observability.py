@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +22,58 @@ from satchel.v1 import context_pb2 as pb
 
 CONTEXT = "satchel.v1.ContextService"
 HANDLED = "grpc_server_handled_total"
+_ONE_CALL_LOGGED = """
+import asyncio, json, sys
+
+import grpc
+
+from satchel.server.platform.app import SatchelServer
+from satchel.server.platform.config import Settings
+from satchel.server.platform.logs import configure_logging
+from satchel.v1 import context_pb2, context_pb2_grpc
+
+project_id = sys.argv[1]
+if Settings.from_env().otel == "global":  # spans recorded in memory, as a collector would get them
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+else:
+    exporter = None
+configure_logging("info", "json")  # as `satchel serve` does
+
+
+async def main():
+    server = SatchelServer(Settings.from_env())
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            request = context_pb2.AssembleContextRequest(
+                project_id=project_id, subject_id="user-1", query="Where does Caroline live?"
+            )
+            reply = await context_pb2_grpc.ContextServiceStub(channel).AssembleContext(request)
+    finally:
+        await server.stop()
+    spans = [
+        {
+            "name": span.name,
+            "trace_id": format(span.context.trace_id, "032x"),
+            "span_id": format(span.context.span_id, "016x"),
+            "attributes": dict(span.attributes or {}),
+        }
+        for span in (exporter.get_finished_spans() if exporter else ())
+    ]
+    facts = len(reply.packet.facts)
+    print(json.dumps({"trace_id": reply.trace_id, "facts": facts, "spans": spans}))
+
+
+asyncio.run(main())
+"""
 
 
 def _rpc(method: str, kind: str, **more: str) -> dict[str, str]:
@@ -196,3 +250,70 @@ def test_telemetry_settings_are_validated() -> None:
     ):
         with pytest.raises(ConfigError):
             Settings.from_env(env)
+
+
+async def _one_call_logged(settings: Settings, project_id: str, otel: str) -> tuple[dict, list]:
+    """A `satchel serve`-like process (JSON logs on stderr) on the test database, SATCHEL_OTEL
+    `otel`, answering one AssembleContext: (the reply's trace id and the exported spans, the log
+    lines). A process of its own: structlog caches each logger's configuration at its first use,
+    so this process's loggers may already render another way."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SATCHEL_")}
+    env.update(
+        SATCHEL_DATABASE_URL=settings.database_url,
+        SATCHEL_DATA_DIR=str(settings.data_dir),  # the model cache the session server filled
+        SATCHEL_LISTEN="127.0.0.1:0",
+        SATCHEL_SCOPE_INDEX_MAX="0",
+        SATCHEL_OTEL=otel,
+        GRPC_VERBOSITY="NONE",
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _ONE_CALL_LOGGED, project_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    return json.loads(result.stdout.splitlines()[-1]), lines
+
+
+async def test_log_lines_of_a_call_join_its_spans(
+    settings: Settings, channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """With spans on, a call's log lines carry its OpenTelemetry ids under `trace_id` and
+    `span_id` (W3C hex), and satchel's own call id under `satchel_trace_id`."""
+    await assert_facts(channel, project_id, CAROLINE[:2])
+    called, lines = await _one_call_logged(settings, project_id, "global")
+    assert called["facts"] and called["trace_id"]
+    rpc_span = next(s for s in called["spans"] if s["name"] == f"{CONTEXT}/AssembleContext")
+    (call_span,) = (s for s in called["spans"] if s["name"] == "satchel.context")
+    assert call_span["attributes"]["satchel.trace_id"] == called["trace_id"]
+    assert call_span["trace_id"] == rpc_span["trace_id"]
+    exported = {s["span_id"] for s in called["spans"] if s["trace_id"] == rpc_span["trace_id"]}
+
+    of_call = [line for line in lines if line.get("satchel_trace_id") == called["trace_id"]]
+    assert any(line["event"] == "rpc" for line in of_call), lines
+    for line in of_call:
+        assert line["trace_id"] == rpc_span["trace_id"], line
+        assert line["span_id"] in exported, line
+    (rpc_line,) = (line for line in of_call if line["event"] == "rpc")
+    assert rpc_line["method"] == f"/{CONTEXT}/AssembleContext"
+    assert rpc_line["span_id"] == rpc_span["span_id"]
+    # `trace_id` is OpenTelemetry's alone, on every line that has one.
+    for line in lines:
+        if "trace_id" in line:
+            assert len(line["trace_id"]) == 32 and int(line["trace_id"], 16), line
+            assert len(line["span_id"]) == 16 and int(line["span_id"], 16), line
+
+
+async def test_log_lines_carry_satchels_trace_id_with_spans_off(
+    settings: Settings, channel: grpc.aio.Channel, project_id: str
+) -> None:
+    await assert_facts(channel, project_id, CAROLINE[:1])
+    called, lines = await _one_call_logged(settings, project_id, "off")
+    assert called["trace_id"] and called["spans"] == []
+    of_call = [line for line in lines if line.get("satchel_trace_id") == called["trace_id"]]
+    assert [line["event"] for line in of_call if line["event"] == "rpc"] == ["rpc"], lines
+    assert not [line for line in lines if "trace_id" in line or "span_id" in line]

@@ -1,7 +1,9 @@
-"""Server reflection answers every symbol the gRPC reflection spec names, methods included.
+"""Server reflection answers every symbol the gRPC reflection spec names, methods included,
+with the files' comments.
 
 ghz, Postman and grpcurl ask ``file_containing_symbol`` for a *method*
-(``satchel.v1.ContextService.AssembleContext``); grpcio-reflection alone answered NOT_FOUND.
+(``satchel.v1.ContextService.AssembleContext``); grpcio-reflection alone answered NOT_FOUND. The
+generated descriptors carry no comments: reflection adds those of the shipped descriptor set.
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ from pathlib import Path
 import grpc
 from google.protobuf import descriptor, descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from helpers.paths import ROOT
 
-from satchel.server.platform.reflection import V1_SERVICE_NAME, find_file_containing_symbol
+from satchel.server.platform.reflection import (
+    V1_SERVICE_NAME,
+    documented_files,
+    file_descriptor_proto,
+    find_file_containing_symbol,
+)
 
 POOL = descriptor_pool.Default()
 Request = reflection_pb2.ServerReflectionRequest
@@ -53,6 +61,29 @@ def _pool_of(reply: Response) -> descriptor_pool.DescriptorPool:
     for name in files:
         add(name)
     return pool
+
+
+def _rpc_comment(proto: str, method: str) -> list[str]:
+    """The comment lines right above ``rpc <method>(`` in ``proto/<proto>``, without ``//``."""
+    lines = (ROOT / "proto" / proto).read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"rpc {method}("))
+    comment: list[str] = []
+    while lines[at - 1 - len(comment)].strip().startswith("//"):
+        comment.insert(0, lines[at - 1 - len(comment)].strip().removeprefix("//"))
+    assert comment, f"{method} has no comment in {proto}"
+    return comment
+
+
+def _method_location(
+    file: descriptor_pb2.FileDescriptorProto, service: str, method: str
+) -> descriptor_pb2.SourceCodeInfo.Location:
+    """The source location of a method (FileDescriptorProto.service = 6, .method = 2)."""
+    s = [x.name for x in file.service].index(service)
+    m = [x.name for x in file.service[s].method].index(method)
+    path = [descriptor_pb2.FileDescriptorProto.SERVICE_FIELD_NUMBER, s]
+    path += [descriptor_pb2.ServiceDescriptorProto.METHOD_FIELD_NUMBER, m]
+    (location,) = (loc for loc in file.source_code_info.location if list(loc.path) == path)
+    return location
 
 
 def _symbols(file: descriptor.FileDescriptor) -> Iterator[str]:
@@ -146,10 +177,62 @@ async def test_grpcurl_describes_a_method_through_reflection(address: str) -> No
     )
     assert described.returncode == 0, described.stderr
     assert f"{method} is a method:" in described.stdout
-    assert (
+    signature = (
         "rpc AssembleContext ( .satchel.v1.AssembleContextRequest ) returns "
-        "( .satchel.v1.AssembleContextResponse );" in described.stdout
+        "( .satchel.v1.AssembleContextResponse );"
     )
+    # with the method's comment from proto/satchel/v1/context.proto, right above it
+    lines = _rpc_comment("satchel/v1/context.proto", "AssembleContext")
+    comment = "".join(f"//{line}\n" for line in lines)
+    assert comment.startswith("// AssembleContext retrieves")
+    assert comment + signature in described.stdout, described.stdout
+
+
+async def test_files_are_served_with_their_comments(channel: grpc.aio.Channel) -> None:
+    """Every satchel.v1 file, and the imports the reply carries, with its source info; a method's
+    leading comment is its comment in the .proto file."""
+    names = [f"satchel/v1/{p.name}" for p in sorted((ROOT / "proto/satchel/v1").glob("*.proto"))]
+    replies = await _ask(channel, [Request(file_by_filename=name) for name in names])
+    served = {}
+    for name, reply in zip(names, replies, strict=True):
+        assert not reply.HasField("error_response"), name
+        for blob in reply.file_descriptor_response.file_descriptor_proto:
+            file = descriptor_pb2.FileDescriptorProto.FromString(blob)
+            served[file.name] = file
+    assert set(names) <= set(served)
+    for name, file in served.items():
+        assert file.source_code_info.location, f"{name} is served without its comments"
+    for proto, service, method in (
+        ("satchel/v1/context.proto", "ContextService", "AssembleContext"),
+        ("satchel/v1/memory.proto", "MemoryService", "AssertFact"),
+        ("satchel/v1/talent.proto", "TalentService", "ResolveTalents"),
+    ):
+        location = _method_location(served[proto], service, method)
+        expected = "".join(f"{line}\n" for line in _rpc_comment(proto, method))
+        assert location.leading_comments == expected, (proto, method)
+    # the descriptors themselves are the stubs' (the comments are all that is added)
+    (found,) = await _ask(channel, [Request(file_containing_symbol="satchel.v1.ContextService")])
+    context = descriptor_pb2.FileDescriptorProto.FromString(
+        found.file_descriptor_response.file_descriptor_proto[0]
+    )
+    stubs = descriptor_pb2.FileDescriptorProto()
+    POOL.FindFileByName("satchel/v1/context.proto").CopyToProto(stubs)
+    context.ClearField("source_code_info")
+    assert context == stubs
+
+
+def test_comments_of_a_stale_descriptor_set_are_not_served() -> None:
+    """A descriptor set whose file differs from the served one (a .proto edited, the set not
+    rebuilt) lends it no comments: they would sit on the wrong elements."""
+    file = POOL.FindFileByName("satchel/v1/context.proto")
+    documented = documented_files()
+    assert documented[file.name].source_code_info.location  # the shipped set has comments
+    assert file_descriptor_proto(file).source_code_info == documented[file.name].source_code_info
+    stale = descriptor_pb2.FileDescriptorProto()
+    stale.CopyFrom(documented[file.name])
+    stale.message_type[0].field[0].number += 100
+    assert not file_descriptor_proto(file, {file.name: stale}).HasField("source_code_info")
+    assert not file_descriptor_proto(file, {}).HasField("source_code_info")
 
 
 async def test_reflection_v1_answers_as_v1alpha_does(channel: grpc.aio.Channel) -> None:

@@ -1,5 +1,7 @@
-"""The pinned install set: what scripts/setup installs is exactly constraints.txt, and every pin
-satisfies the ranges pyproject.toml declares for library users."""
+"""The pinned install set: what scripts/setup installs for the tests (`scripts/setup --test`, the
+default, what scripts/test runs) is exactly constraints.txt, and every pin satisfies the ranges
+pyproject.toml declares for library users. What scripts/run installs (`scripts/setup --serve`) is
+a subset, checked in a new clone by tests/commands/test_run_command.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 `scripts/generate-stubs` writes it with the stubs (`buf build --as-file-descriptor-set`): a
 FileDescriptorSet of proto/ with its imports and comments, for `ghz --protoset`,
-`grpcurl -protoset`, k6's `loadProtoset` and Postman.
+`grpcurl -protoset`, k6's `loadProtoset` and Postman. Its copy in the package,
+satchel/v1/satchel.binpb, gives server reflection the comments.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import satchel.v1.memory_pb2
 import satchel.v1.talent_pb2  # noqa: F401
 
 DESCRIPTOR_SET = ROOT / "proto" / "satchel.binpb"
+PACKAGED = ROOT / "satchel" / "v1" / "satchel.binpb"  # shipped: reflection serves its comments
 
 
 def _files() -> list[descriptor_pb2.FileDescriptorProto]:
@@ -54,6 +56,8 @@ def test_descriptor_set_is_fresh(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     fresh = (tmp_path / "proto" / "satchel.binpb").read_bytes()
     assert fresh == DESCRIPTOR_SET.read_bytes(), "run scripts/generate-stubs and commit the output"
+    packaged = (tmp_path / "satchel" / "v1" / "satchel.binpb").read_bytes()
+    assert packaged == fresh and PACKAGED.read_bytes() == fresh, "run scripts/generate-stubs"
 
 
 def test_descriptor_set_holds_every_proto_with_its_imports_and_the_stubs_contract() -> None:

@@ -89,6 +89,10 @@ def test_sdists_and_wheels_ship_the_protos_and_the_licence(dists: dict[str, Path
     wheel_files = _wheel_files(dists["wheel"])
     wheel = set(wheel_files)
     assert {f"satchel/v1/{name}" for name in PROTOS} <= wheel
+    # the descriptor set with comments, which server reflection serves
+    descriptor_set = (ROOT / "proto" / "satchel.binpb").read_bytes()
+    assert wheel_files["satchel/v1/satchel.binpb"] == descriptor_set
+    assert "satchel-0.1.0/satchel/v1/satchel.binpb" in sdist
     assert "satchel-0.1.0.dist-info/licenses/LICENSE" in wheel
     # every server module and its data ship (a subpackage missing from pyproject.toml would not)
     server = ROOT / "server"

@@ -47,10 +47,93 @@ Body text.
     assert meta["description"] == "It's about ports"
     assert meta["tags"] == ["architecture", "hexagonal"]
     assert meta["triggers"] == ["use case", "application service"]
-    assert meta["summary"] == "first line\nsecond line"
+    assert meta["summary"] == "first line\nsecond line\n"  # YAML's literal block keeps one
     assert meta["folded"] == "one two"
-    assert meta["metadata"] == "" and meta["empty"] == ""
+    assert meta["metadata"] == {"author": "someone"} and meta["empty"] is None
     assert body == "# Heading\n\nBody text."
+
+
+def test_nested_maps_and_lists_are_kept() -> None:
+    """The old hand-written parser turned a nested map into ''."""
+    meta, _ = parse_front_matter(
+        "---\nmetadata: {a: 1, b: [x, y]}\nowner:\n  team: platform\n  contacts:\n"
+        "    - name: Ada\n      email: ada@example.com\n---\nBody."
+    )
+    assert meta["metadata"] == {"a": 1, "b": ["x", "y"]}
+    assert meta["owner"] == {
+        "team": "platform",
+        "contacts": [{"name": "Ada", "email": "ada@example.com"}],
+    }
+
+
+def test_lists_over_several_lines_with_comments_and_nesting() -> None:
+    """The old parser read `[a,` as a string, kept comments in items and flattened nesting."""
+    meta, _ = parse_front_matter(
+        "---\ntags: [architecture,\n  hexagonal]\ntriggers:\n  - use case  # the main one\n"
+        "  - [nested, list]\n---\n"
+    )
+    assert meta["tags"] == ["architecture", "hexagonal"]
+    assert meta["triggers"] == ["use case", ["nested", "list"]]
+    talent = talent_from_text("---\ntags: [a,\n  b]  # two\n---\nBody.", ROOT / "x.md", ROOT)
+    assert talent.lists == {"tags": ["a", "b"]}
+
+
+def test_quoted_strings_with_colons_escapes_and_comments() -> None:
+    """The old parser kept the quotes when a comment followed, never read escapes, and cut a
+    quoted string continued on the next line."""
+    meta, _ = parse_front_matter(
+        '---\nname: "Hexagonal: the rule"  # a comment\n'
+        "description: 'Ports: adapters'\n"
+        'title: "tab:\\there"\n'
+        'summary: "first: part\n  second: part"\n---\n'
+    )
+    assert meta["name"] == "Hexagonal: the rule"
+    assert meta["description"] == "Ports: adapters"
+    assert meta["title"] == "tab:\there"
+    assert meta["summary"] == "first: part second: part"
+
+
+@pytest.mark.parametrize(
+    ("front", "line", "problem"),
+    [
+        ("name: Bad\ntags: [a, b", 3, "expected ',' or ']'"),
+        ("name: Bad: really", 2, "mapping values are not allowed here"),
+        ('name: ok\ntitle: "unterminated', 3, "found unexpected end of stream"),
+        ("name: ok\n  indented: wrong", 3, "mapping values are not allowed here"),
+    ],
+)
+def test_invalid_yaml_names_the_line_of_the_file(front: str, line: int, problem: str) -> None:
+    """The old parser read each of these as some string."""
+    with pytest.raises(FrontMatterError, match=f"invalid YAML front matter at line {line}, ") as e:
+        parse_front_matter(f"---\n{front}\n---\nBody.")
+    assert problem in str(e.value)
+
+
+def test_cursor_rules_raw_globs_and_description_are_read_as_written() -> None:
+    """Cursor writes `globs: **/*.ts` (an alias to YAML) and descriptions with colons unquoted:
+    those two keys are read as their raw text when the front matter is not valid YAML."""
+    text = (
+        "---\ndescription: Next.js rules: auth, params\nglobs: **/*.ts, *.{tsx,jsx}\n"
+        "alwaysApply: true\n---\n# Rule\n"
+    )
+    talent = talent_from_text(text, ROOT / "rules" / "next.mdc", ROOT)
+    assert talent.summary == "Next.js rules: auth, params"
+    assert talent.lists == {"triggers": ["**/*.ts", "*.{tsx,jsx}"]} and talent.pinned
+    with pytest.raises(FrontMatterError, match=r"at line 3, .*expected ',' or '\]'"):
+        parse_front_matter("---\nglobs: **/*.ts\ntags: [a\n---\n")
+
+
+def test_fields_of_the_wrong_shape_are_reported() -> None:
+    """A map where a talent has a string or a list is an error (the old parser dropped it)."""
+    for front, why in (
+        ("tags: {a: 1}", "tags: expected a list"),
+        ("roles: [{a: 1}]", "roles: expected a list"),
+        ("name: {first: a}", "name: a string, not a dict"),
+    ):
+        with pytest.raises(FrontMatterError, match=why):
+            talent_from_text(f"---\n{front}\n---\nBody.", ROOT / "x.md", ROOT)
+    with pytest.raises(FrontMatterError, match="front matter is a list"):
+        parse_front_matter("---\n- a\n---\n")
 
 
 def test_no_front_matter_and_unclosed_front_matter() -> None:

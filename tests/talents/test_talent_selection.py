@@ -17,7 +17,6 @@ from satchel.server.talents.domain.selection import (
     SelectionParams,
     SelectionResult,
     centred_similarities,
-    estimate_tokens,
     order_without_relevance,
     select,
     stems,
@@ -56,13 +55,6 @@ def reasons(result: SelectionResult) -> dict[str, Reason]:
 
 
 # --- text helpers -----------------------------------------------------------------------------
-
-
-def test_estimate_tokens_is_a_quarter_of_the_characters_at_least_one() -> None:
-    assert estimate_tokens("") == 1
-    assert estimate_tokens("abc") == 1
-    assert estimate_tokens("abcdefgh") == 2
-    assert estimate_tokens("x" * 4003) == 1000
 
 
 def test_stems_strip_accents_lowercase_and_take_five_char_prefix() -> None:

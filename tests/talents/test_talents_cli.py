@@ -188,15 +188,20 @@ async def test_import_reports_broken_files_and_goes_on(
 ) -> None:
     write(tmp_path, f"{project_id}/good/SKILL.md", "---\nname: Good\n---\nFine.\n")
     write(tmp_path, f"{project_id}/broken/SKILL.md", "---\nname: Broken\nno closing line\n")
+    write(tmp_path, f"{project_id}/invalid/SKILL.md", "---\nname: Invalid\ntags: [a, b\n---\n")
     write(tmp_path, f"{project_id}/self.md", f"---\nrequires: [{project_id}.self]\n---\nLoop.\n")
     result = await satchel("talents", "import", str(tmp_path), "--address", address)
     assert result.returncode == 1
     out = result.stdout
     assert "broken/SKILL.md: skipped: front matter has no closing '---' line" in out
+    assert (
+        "invalid/SKILL.md: skipped: invalid YAML front matter at line 3, column 12: expected ','"
+        " or ']', but got '<stream end>' (while parsing a flow sequence started at line 3)"
+    ) in out
     assert f"created {project_id}.good" in out
     assert "self.md: failed: INVALID_ARGUMENT" in out and "talent.requires" in out
-    assert re.fullmatch(r"talents imported\s+━+ 3/3", out.splitlines()[-2])
-    assert out.splitlines()[-1] == "imported 1 talent(s): 1 created, 0 updated, 2 failed"
+    assert re.fullmatch(r"talents imported\s+━+ 4/4", out.splitlines()[-2])
+    assert out.splitlines()[-1] == "imported 1 talent(s): 1 created, 0 updated, 3 failed"
 
 
 async def test_cli_usage_and_server_errors(address: str, project_id: str, tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Final
 
-from satchel.server.memory.domain.rendering import estimate_tokens
+from satchel.server.context.domain.block import BlockCosts
+from satchel.server.platform.tokens import estimate_tokens
 
 INCLUDED: Final = "included"
 EXCLUDED: Final = "excluded"
@@ -66,7 +67,9 @@ class Candidate:
     `blocked_reason` is set (a key of `HIDDEN_OUTCOMES`) when a hard filter hides it. `sources`
     are the events a fact was drawn from (empty for an episode, whose event is its `id`).
     `context_similarity`: for an episode ranked by its neighbour, that neighbour's similarity,
-    which the relevance floor reads instead of its own when higher.
+    which the relevance floor reads instead of its own when higher. `cost`: the tokens it
+    costs the budget (its line of the block, `block.py`); None: the estimate of its `text`
+    (the seed's items budget).
     """
 
     id: str
@@ -79,6 +82,7 @@ class Candidate:
     blocked_reason: str | None = None
     sources: frozenset[str] = frozenset()
     context_similarity: float = 0.0
+    cost: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -90,8 +94,8 @@ class Candidate:
 
     @cached_property
     def tokens(self) -> int:
-        """Estimated tokens of `text` (packing reads them several times)."""
-        return estimate_tokens(self.text)
+        """The tokens it costs the budget: `cost`, else the estimate of its text."""
+        return estimate_tokens(self.text) if self.cost is None else self.cost
 
     @property
     def distance(self) -> float:
@@ -122,7 +126,9 @@ class Packer:
     decision per packer; later occurrences are skipped silently.
     """
 
-    def __init__(self, budget_tokens: int, max_distance: float = 0.0) -> None:
+    def __init__(
+        self, budget_tokens: int, max_distance: float = 0.0, costs: BlockCosts | None = None
+    ) -> None:
         if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int):
             raise ValueError("budget_exceeded: budget_tokens must be a positive integer")
         if budget_tokens <= 0:
@@ -138,6 +144,8 @@ class Packer:
         self._gated_out = 0
         self._served_episodes: set[str] = set()
         self._served_fact_sources: set[str] = set()
+        self._costs = costs
+        self._included_kinds: set[str] = set()
 
     @property
     def budget_tokens(self) -> int:
@@ -238,9 +246,21 @@ class Packer:
             return candidate.id in self._served_fact_sources
         return bool(candidate.sources) and candidate.sources <= self._served_episodes
 
+    def _cost(self, candidate: Candidate) -> int:
+        """What including `candidate` spends: its tokens, and with block costs the tags of the
+        block (the first line served) and its section's header (the first of its kind)."""
+        costs = self._costs
+        if costs is None:
+            return candidate.tokens
+        extra = costs.wrapper if not self._included else 0
+        if candidate.kind not in self._included_kinds:
+            extra += costs.facts_header if candidate.kind == FACT else costs.episodes_header
+        return candidate.tokens + extra
+
     def _include(self, candidate: Candidate, reason: str) -> Decision:
-        self._used += candidate.tokens
+        self._used += self._cost(candidate)
         self._included.append(candidate)
+        self._included_kinds.add(candidate.kind)
         if candidate.kind == EPISODE:
             self._served_episodes.add(candidate.id)
         else:
@@ -261,7 +281,7 @@ class Packer:
                 continue
             if skip_served and self._already_served(candidate):
                 yield self._decide(candidate, EXCLUDED, SOURCE_ALREADY_SERVED)
-            elif candidate.tokens <= self.remaining:
+            elif self._cost(candidate) <= self.remaining:
                 yield self._include(candidate, reason)
             else:
                 yield self._decide(candidate, EXCLUDED, OVER_BUDGET)

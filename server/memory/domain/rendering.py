@@ -21,11 +21,6 @@ ELLIPSIS = "…"
 _PREDICATE_SEPARATORS = re.compile(r"[\s._-]+")
 
 
-def estimate_tokens(text: str) -> int:
-    """Token estimate of a text: `max(1, len(text) // 4)`."""
-    return max(1, len(text) // 4)
-
-
 def _compact_json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 

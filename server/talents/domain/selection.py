@@ -40,6 +40,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from satchel.server.platform.tokens import estimate_tokens
 from satchel.server.talents.domain.fusion import FusedSpace, GateReport, merged_scores, sub_intents
 from satchel.server.talents.domain.lexical import LexicalIndex, TalentFields
 from satchel.server.talents.domain.terms import is_english, task_terms
@@ -75,11 +76,6 @@ class Reason(StrEnum):
     OVER_MAX_SERVED = "over_max_served"
     OVER_BUDGET = "over_budget"
     NOT_ACTIVE = "not_active"
-
-
-def estimate_tokens(text: str) -> int:
-    """Token estimate shared with memory packing: a quarter of the characters, at least 1."""
-    return max(1, len(text) // 4)
 
 
 def stems(text_or_words: str | Iterable[str]) -> set[str]:

@@ -23,10 +23,6 @@ import {
 import { Value } from "../../google/protobuf/struct";
 import { Timestamp } from "../../google/protobuf/timestamp";
 
-export const protobufPackage = "satchel.v1";
-
-export const protobufFileName = "satchel/v1/context.proto";
-
 /** PacketStatus says whether a packet is complete. */
 export enum PacketStatus {
   /** PACKET_STATUS_UNSPECIFIED - Never sent by the server. */
@@ -329,10 +325,28 @@ export interface ContextPacket {
    * empty (the call still succeeds).
    */
   emptyReason: string;
-  /** The budget the call packed into, in estimated tokens. */
+  /** The budget the call packed into, in tokens (see token_counter). */
   budgetTokens: number;
-  /** The estimated tokens of the included facts and episodes; at most budget_tokens. */
+  /**
+   * The packet's tokens as token_counter counts them; at most budget_tokens. By default the
+   * tokens of `block`, the text the agent puts in its prompt; with SATCHEL_BUDGET_COUNTS=items
+   * (the seed's rule) the sum of the served texts' estimates, the block around them not
+   * counted.
+   */
   tokensUsed: number;
+  /**
+   * The packet rendered for a prompt: a `<satchel_memory>` block of the facts (statement,
+   * validity date, confidence below 1), the episodes (date, kind, excerpt) and the warnings
+   * as notes (left out when they would not fit the budget), one per line; empty when nothing
+   * was served.
+   */
+  block: string;
+  /**
+   * How tokens_used and the candidates' tokens were counted: "block:chars/4" (the block, at
+   * a quarter of its characters), "block:tokenizer:<file>" (the block, with the tokenizer
+   * SATCHEL_TOKENIZER names) or "items:chars/4" (SATCHEL_BUDGET_COUNTS=items).
+   */
+  tokenCounter: string;
 }
 
 /** Decision is what the assembler decided for one candidate, with the parts of its score. */
@@ -370,9 +384,16 @@ export interface Decision {
   textRank: number;
   /** Recency in (0, 1]: exp(-age / SATCHEL_RECENCY_TAU_DAYS), 1 for a candidate of now. */
   recency: number;
-  /** Estimated tokens of the candidate's text: max(1, len(text) // 4). */
+  /**
+   * The tokens the candidate costs the budget (ContextPacket.token_counter): by default an
+   * upper bound of its line's tokens in the block; with SATCHEL_BUDGET_COUNTS=items, the
+   * estimate of its text, max(1, len(text) // 4).
+   */
   tokens: number;
-  /** Tokens of the packet after this decision. */
+  /**
+   * Tokens of the packet charged after this decision (by default with the block's tags and
+   * section headers; at most the budget).
+   */
   budgetUsed: number;
   /** The start of the candidate's text (at most 160 characters), for people reading a trace. */
   preview: string;
@@ -936,7 +957,17 @@ export const PacketEpisode: MessageFns<PacketEpisode> = {
 };
 
 function createBaseContextPacket(): ContextPacket {
-  return { facts: [], episodes: [], warnings: [], status: 0, emptyReason: "", budgetTokens: 0, tokensUsed: 0 };
+  return {
+    facts: [],
+    episodes: [],
+    warnings: [],
+    status: 0,
+    emptyReason: "",
+    budgetTokens: 0,
+    tokensUsed: 0,
+    block: "",
+    tokenCounter: "",
+  };
 }
 
 export const ContextPacket: MessageFns<ContextPacket> = {
@@ -961,6 +992,12 @@ export const ContextPacket: MessageFns<ContextPacket> = {
     }
     if (message.tokensUsed !== 0) {
       writer.uint32(56).int32(message.tokensUsed);
+    }
+    if (message.block !== "") {
+      writer.uint32(66).string(message.block);
+    }
+    if (message.tokenCounter !== "") {
+      writer.uint32(74).string(message.tokenCounter);
     }
     return writer;
   },
@@ -1034,6 +1071,22 @@ export const ContextPacket: MessageFns<ContextPacket> = {
             message.tokensUsed = reader.int32();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.block = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.tokenCounter = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1069,6 +1122,12 @@ export const ContextPacket: MessageFns<ContextPacket> = {
         : isSet(object.tokens_used)
         ? globalThis.Number(object.tokens_used)
         : 0,
+      block: isSet(object.block) ? globalThis.String(object.block) : "",
+      tokenCounter: isSet(object.tokenCounter)
+        ? globalThis.String(object.tokenCounter)
+        : isSet(object.token_counter)
+        ? globalThis.String(object.token_counter)
+        : "",
     };
   },
 
@@ -1095,6 +1154,12 @@ export const ContextPacket: MessageFns<ContextPacket> = {
     if (message.tokensUsed !== 0) {
       obj.tokensUsed = Math.round(message.tokensUsed);
     }
+    if (message.block !== "") {
+      obj.block = message.block;
+    }
+    if (message.tokenCounter !== "") {
+      obj.tokenCounter = message.tokenCounter;
+    }
     return obj;
   },
 
@@ -1110,6 +1175,8 @@ export const ContextPacket: MessageFns<ContextPacket> = {
     message.emptyReason = object.emptyReason ?? "";
     message.budgetTokens = object.budgetTokens ?? 0;
     message.tokensUsed = object.tokensUsed ?? 0;
+    message.block = object.block ?? "";
+    message.tokenCounter = object.tokenCounter ?? "";
     return message;
   },
 };
@@ -3544,14 +3611,14 @@ function floatToJson(value: number | null | undefined): number | string | null |
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
 
-export type DeepPartial<T> = T extends Builtin ? T
+type DeepPartial<T> = T extends Builtin ? T
   : T extends globalThis.Array<infer U> ? globalThis.Array<DeepPartial<U>>
   : T extends ReadonlyArray<infer U> ? ReadonlyArray<DeepPartial<U>>
   : T extends {} ? { [K in keyof T]?: DeepPartial<T[K]> }
   : Partial<T>;
 
 type KeysOfUnion<T> = T extends T ? keyof T : never;
-export type Exact<P, I extends P> = P extends Builtin ? P
+type Exact<P, I extends P> = P extends Builtin ? P
   : P & { [K in keyof P]: Exact<P[K], I[K]> } & { [K in Exclude<keyof I, KeysOfUnion<P>>]: never };
 
 function toTimestamp(date: Date): Timestamp {
@@ -3591,7 +3658,7 @@ function isSet(value: any): boolean {
   return value !== null && value !== undefined;
 }
 
-export interface MessageFns<T> {
+interface MessageFns<T> {
   encode(message: T, writer?: BinaryWriter): BinaryWriter;
   decode(input: BinaryReader | Uint8Array, length?: number): T;
   fromJSON(object: any): T;

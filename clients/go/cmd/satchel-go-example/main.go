@@ -3,6 +3,8 @@
 // page, assembles a context and prints each decision with its ReasonCode.
 //
 //	clients/go/build && clients/go/bin/satchel-go-example -address 127.0.0.1:50051
+//
+// or, with the module fetched: go run example.com/satchel/clients/go/cmd/satchel-go-example@latest
 package main
 
 import (
@@ -15,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	satchelv1 "satchel.dev/go/satchel/v1"
+	satchelv1 "example.com/satchel/clients/go/satchel/v1"
 )
 
 func main() {

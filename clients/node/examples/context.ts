@@ -1,26 +1,27 @@
 /**
- * satchel from Node.js: AssembleContext, then StreamContext (each decision as it is made, then
- * the packet), through the TypeScript stubs that `buf generate` writes to src/gen (ts-proto with
- * @grpc/grpc-js services).
+ * satchel from Node.js with the satchel-client package: AssembleContext, then StreamContext (each
+ * decision as it is made, then the packet). It imports the package by its name, as an
+ * application that installed it would (here Node resolves the name to this folder's package).
  *
  *   npm ci && npm run build
- *   node dist/example.js [address] [project] [subject] [query]
+ *   node examples/dist/context.js [address] [project] [subject] [query]
  *
  * Defaults come from SATCHEL_ADDRESS (127.0.0.1:50051), SATCHEL_PROJECT (demo), SATCHEL_SUBJECT
- * (user-1) and SATCHEL_QUERY. Prints one JSON object per line: the unary packet, each streamed
- * decision, then the streamed packet. Exits 1 on an RPC error (its code and message on stderr).
+ * (user-1) and SATCHEL_QUERY; SATCHEL_API_KEY, when set, is sent as `authorization: Bearer …`.
+ * Prints one JSON object per line: the unary packet, each streamed decision, then the streamed
+ * packet. Exits 1 on an RPC error (its code and message on stderr).
  */
-import { credentials, Metadata, type ServiceError } from "@grpc/grpc-js";
+import type { ServiceError } from "@grpc/grpc-js";
 import {
   AssembleContextRequest,
-  type AssembleContextResponse,
   type ContextPacket,
-  ContextServiceClient,
+  createClient,
   DecisionOutcome,
   decisionOutcomeToJSON,
   StreamContextRequest,
   type StreamContextResponse,
-} from "./src/gen/satchel/v1/context";
+  unary,
+} from "satchel-client";
 
 const [
   address = process.env.SATCHEL_ADDRESS ?? "127.0.0.1:50051",
@@ -33,17 +34,6 @@ const DEADLINE_MS = 10_000;
 
 function deadline(): Date {
   return new Date(Date.now() + DEADLINE_MS);
-}
-
-function assemble(
-  client: ContextServiceClient,
-  request: AssembleContextRequest,
-): Promise<AssembleContextResponse> {
-  return new Promise((resolve, reject) => {
-    client.assembleContext(request, new Metadata(), { deadline: deadline() }, (error, reply) =>
-      error ? reject(error) : resolve(reply),
-    );
-  });
 }
 
 function summary(packet: ContextPacket) {
@@ -63,15 +53,17 @@ function print(line: object): void {
 }
 
 async function main(): Promise<void> {
-  const client = new ContextServiceClient(address, credentials.createInsecure());
+  const satchel = createClient(address, { apiKey: process.env.SATCHEL_API_KEY || undefined });
   try {
-    const reply = await assemble(
-      client,
+    const reply = await unary(
+      satchel.context,
+      "assembleContext",
       AssembleContextRequest.fromPartial({ projectId, subjectId, query }),
+      { deadline: deadline() },
     );
     print({ rpc: "AssembleContext", trace_id: reply.traceId, packet: summary(reply.packet!) });
 
-    const stream = client.streamContext(
+    const stream = satchel.context.streamContext(
       StreamContextRequest.fromPartial({ projectId, subjectId, query }),
       { deadline: deadline() },
     );
@@ -96,7 +88,7 @@ async function main(): Promise<void> {
       }
     }
   } finally {
-    client.close();
+    satchel.close();
   }
 }
 
