@@ -447,28 +447,30 @@ class SatchelTools:
 
     # --- resources and prompt -----------------------------------------------------------------
 
-    async def trace_resource(self, trace_id: str) -> str:
+    async def trace_resource(self, trace_id: str, ctx: Context | None = None) -> str:
         """A context call's trace (JSON): every decision and the parts of its score."""
         g = self.gateway
         try:
-            reply = await g.client(g.options.api_key).get_trace(g.project(None), trace_id)
+            reply = await g.for_call(ctx).get_trace(g.project(None), trace_id)
         except (SatchelError, ToolError) as error:
             raise ResourceError(error_text(error, g.options.address)) from None
         return json_format.MessageToJson(reply.trace, preserving_proto_field_name=True)
 
-    async def facts_resource(self, subject_id: str) -> str:
+    async def facts_resource(self, subject_id: str, ctx: Context | None = None) -> str:
         """The active facts of a subject (JSON)."""
         g = self.gateway
         try:
-            reply = await g.client(g.options.api_key).list_facts(g.project(None), subject_id)
+            reply = await g.for_call(ctx).list_facts(g.project(None), subject_id)
         except (SatchelError, ToolError) as error:
             raise ResourceError(error_text(error, g.options.address)) from None
         return json_format.MessageToJson(reply, preserving_proto_field_name=True)
 
-    async def context_for_task(self, task: str, subject_id: str = "") -> list[UserMessage]:
+    async def context_for_task(
+        self, task: str, subject_id: str = "", ctx: Context | None = None
+    ) -> list[UserMessage]:
         """The task, preceded by what satchel remembers that is relevant to it."""
         g = self.gateway
-        client = g.client(g.options.api_key)
+        client = g.for_call(ctx)
         try:
             reply = await client.assemble_context(g.project(None), g.subject(subject_id), task)
         except SatchelError as error:

@@ -300,6 +300,13 @@ async def test_over_http_callers_bring_their_own_satchel_key(
                 client, "list_facts", subject_id="ana", project_id=f"{project_id}-other"
             )
             assert "PERMISSION_DENIED" in denied
+            # resources and prompts call with the caller's key too
+            facts = await client.read_resource("satchel://facts/ana")
+            assert "infrastructure team" in facts.contents[0].text  # type: ignore[union-attr]
+            prompt = await client.get_prompt(
+                "context_for_task", {"task": "Which team is Ana in?", "subject_id": "ana"}
+            )
+            assert "infrastructure team" in prompt.messages[0].content.text  # type: ignore[union-attr]
 
 
 async def test_a_pinned_scope_leaves_no_override_in_the_schemas() -> None:
