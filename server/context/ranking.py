@@ -20,7 +20,6 @@ from satchel.server.context.domain.score import Weights
 from satchel.server.platform.config import ContextSettings
 
 HYBRID = "hybrid"
-SEED = "seed"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -147,9 +148,10 @@ class Budget:
     counter: TokenCounter
     block: bool
 
-    @property
+    @cached_property
     def costs(self) -> BlockCosts | None:
-        """What packing charges beyond the lines (None: nothing, the items budget)."""
+        """What packing charges beyond the lines (None: nothing, the items budget); counted
+        once a call, whatever the packers it makes."""
         return BlockCosts.of(self.counter) if self.block else None
 
     def line_cost(self, line: str) -> int | None:
@@ -165,18 +167,22 @@ class Budget:
     ) -> tuple[str, int | None]:
         """The packet's block and, for a block budget, its tokens (the notes are kept when
         they fit)."""
+        counted: dict[str, int] = {}  # the block with its notes is counted once, kept or not
+
+        def count(text: str) -> int:
+            if text not in counted:
+                counted[text] = self.counter.count(text)
+            return counted[text]
+
         block = render_block(
-            [
-                fact_line(f.statement, f.predicate, f.value, f.valid_from, f.confidence)
-                for f in facts
-            ],
+            [_fact_line(f) for f in facts],
             [episode_line(e.occurred_at, e.kind, e.excerpt) for e in episodes],
             warnings,
-            fits=(lambda text: self.counter.count(text) <= self.tokens) if self.block else None,
+            fits=(lambda text: count(text) <= self.tokens) if self.block else None,
         )
         if not self.block:
             return block, None
-        return block, self.counter.count(block) if block else 0
+        return block, count(block) if block else 0
 
 
 def _fact_line(fact: ServedFact) -> str:
