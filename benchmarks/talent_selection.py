@@ -14,7 +14,8 @@ set it prints:
   text), and the gap to BM25 in points;
 - R@1/3/5/10 of the fused ranking, and of BM25;
 - gated: real tasks that got nothing (out of domain); off: of the 60 unrelated tasks of
-  off_domain.json, how many got a talent (and per 20).
+  off_domain.json, how many got a talent; chat: the same per 20 of the 133 requests of
+  data/no_tool_requests/fastchat.json (MT-Bench and Vicuna-bench, written by other authors).
 
 `--gate-sweep` also prints the gate's trade-off over the set: unrelated tasks served per 20 and
 real tasks gated, by the level's quantile and the contrast for English tasks.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(HERE / "talent_design"))
 sys.path.insert(0, str(HERE))
 
 from catalogue_baselines import BM25  # noqa: E402
-from datasets import Dataset, all_sets, off_domain  # noqa: E402
+from datasets import Dataset, all_sets, chat_requests, off_domain  # noqa: E402
 from vectors import Vectors  # noqa: E402
 
 from satchel.server.platform.config import TalentSettings  # noqa: E402
@@ -93,6 +94,7 @@ def evaluate(
     vectors: Vectors,
     params: SelectionParams,
     off: list[str],
+    chat: list[str],
 ) -> dict[str, float]:
     """The figures of one set."""
     ids = [t.id for t in talents]
@@ -123,13 +125,25 @@ def evaluate(
         for k in KS:
             add(f"R@{k}", recall(fused_order[:k], task.gold))
             add(f"bm25 R@{k}", recall(bm25_order[:k], task.gold))
-    off_served = 0
-    for text, query in zip(off, vectors.queries(off), strict=True):
-        off_served += bool(select(talents, space, query, stems(text), params, task=text).kept)
     means = {key: float(np.mean(values)) for key, values in figures.items()}
-    means["off"] = off_served
+    means["off"] = served_count(talents, space, vectors, params, off)
+    means["chat"] = served_count(talents, space, vectors, params, chat) * 20 / len(chat)
     means["tasks"] = len(tasks)
     return means
+
+
+def served_count(
+    talents: list[ScorableTalent],
+    space: FusedSpace,
+    vectors: Vectors,
+    params: SelectionParams,
+    texts: list[str],
+) -> int:
+    """How many of these unrelated requests got a talent."""
+    served = 0
+    for text, query in zip(texts, vectors.queries(texts), strict=True):
+        served += bool(select(talents, space, query, stems(text), params, task=text).kept)
+    return served
 
 
 SWEEP: list[tuple[float, float | None, str]] = [
@@ -228,13 +242,14 @@ def main() -> None:
         params = replace(params, max_served=args.max_served)
     wanted = {name for name in args.sets.split(",") if name}
     off = [t.text for t in off_domain()]
+    chat = [t.text for t in chat_requests()]
     spaces: dict[str, tuple[list[ScorableTalent], FusedSpace]] = {}
     gates: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     rows = {}
     header = (
         f"{'set':16} {'tasks':>5} {'served':>6} {'recall':>6} {'bm25':>6} {'cos':>6} {'gap':>6}"
         f" {'capped':>6} {'R@1':>5} {'R@3':>5} {'R@5':>5} {'R@10':>5} {'bR@5':>5}"
-        f" {'gated':>6} {'off/60':>6}"
+        f" {'gated':>6} {'off/60':>6} {'chat/20':>7}"
     )
     print(f"model {args.model}, {params}")
     print(header)
@@ -253,13 +268,14 @@ def main() -> None:
                 gate_figures(talents, space, vectors, off),
                 gate_figures(talents, space, vectors, real),
             )
-        f = evaluate(dataset, talents, space, vectors, params, off)
+        f = evaluate(dataset, talents, space, vectors, params, off, chat)
         rows[dataset.name] = f
         print(
             f"{dataset.name:16} {f['tasks']:>5.0f} {f['served']:>6.2f} {f['recall']:>6.3f}"
             f" {f['bm25']:>6.3f} {f['cosine']:>6.3f} {100 * (f['recall'] - f['bm25']):>+6.1f}"
             f" {f['capped']:>6.1%} {f['R@1']:>5.3f} {f['R@3']:>5.3f} {f['R@5']:>5.3f}"
-            f" {f['R@10']:>5.3f} {f['bm25 R@5']:>5.3f} {f['gated']:>6.1%} {f['off']:>6.0f}",
+            f" {f['R@10']:>5.3f} {f['bm25 R@5']:>5.3f} {f['gated']:>6.1%} {f['off']:>6.0f}"
+            f" {f['chat']:>7.1f}",
             flush=True,
         )
     if args.gate_sweep:

@@ -180,6 +180,14 @@ def off_domain() -> list[Task]:
     return [Task(t.id, t.query, frozenset(), t.language) for t in off_domain_tasks()]
 
 
+def chat_requests() -> list[Task]:
+    """A second set of requests that need no tool, by other authors: MT-Bench's and
+    Vicuna-bench's first turns (data/no_tool_requests/fastchat.json, Apache-2.0)."""
+    path = BENCHMARKS / "data" / "no_tool_requests" / "fastchat.json"
+    data = json.loads(path.read_text("utf-8"))
+    return [Task(t["id"], t["text"], frozenset(), "en") for t in data["tasks"]]
+
+
 def calibration() -> list[Task]:
     data = json.loads((BENCHMARKS.parent / "server" / "unrelated_tasks.json").read_text("utf-8"))
     return [Task(t["id"], t["text"], frozenset(), t["language"]) for t in data["tasks"]]

@@ -1,0 +1,147 @@
+"""Two more gates tried against the default (benchmarks/talent_design/results.md, "Gate: two
+more designs"), measured on two sets of requests that need no tool: ours (off_domain.json, 60)
+and MT-Bench's first turns (data/no_tool_requests/fastchat.json, 60, other authors).
+
+    .venv/bin/python benchmarks/talent_design/gate_probes.py [--model minilm|e5]
+
+1. **More calibration requests**: the level and the contrast computed over the 180 shipped
+   unrelated requests plus Vicuna-bench's 73 (longer, by other authors), at several levels.
+2. **A tool-intent probe**: a logistic regression on the task's vector, requests that need a
+   tool (the labelled tasks of the other catalogues, 200 a set) against the shipped unrelated
+   requests and Vicuna-bench's; applied to English tasks on top of the default gate (to every
+   task with a multilingual model), trained leaving the evaluated catalogue out.
+
+Per row: of each unrelated set, how many of 20 get a talent (mean / worst catalogue); real
+tasks gated (mean / worst labelled set). Uses the vectors cached by talent_selection.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from datasets import all_sets, chat_requests, off_domain  # noqa: E402
+from talent_selection import candidates, fused_space  # noqa: E402
+from vectors import Vectors  # noqa: E402
+
+from satchel.server.talents.domain.terms import is_english  # noqa: E402
+from satchel.server.talents.service import unrelated_tasks  # noqa: E402
+
+Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    normed: np.ndarray = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return normed
+
+
+def fit(x: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 1500) -> np.ndarray:
+    """Class-balanced L2 logistic regression by gradient descent: weights, bias last."""
+    w, b = np.zeros(x.shape[1]), 0.0
+    balance = np.where(y == 1, 0.5 / y.mean(), 0.5 / (1 - y.mean()))
+    for _ in range(steps):
+        g = (1 / (1 + np.exp(-(x @ w + b))) - y) * balance
+        w -= 2 * x.T @ g / len(y) + l2 * w / len(y)
+        b -= 2 * g.mean()
+    return np.r_[w, b]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm", choices=("minilm", "e5"))
+    args = parser.parse_args()
+    vectors = Vectors(args.model)
+    chat = json.loads((HERE.parent / "data/no_tool_requests/fastchat.json").read_text("utf-8"))
+    vicuna = [t["text"] for t in chat["tasks"] if t["set"] == "vicuna_bench"]
+    unrelated = {
+        "ours": [t.text for t in off_domain()],
+        "MT-Bench": [t.text for t in chat_requests() if t.id.startswith("mt_bench")],
+    }
+    tests = {
+        k: (unit(vectors.queries(v)), np.array([is_english(t) for t in v]))
+        for k, v in unrelated.items()
+    }
+    shipped = unit(vectors.queries(unrelated_tasks()))
+    extra = unit(vectors.queries(vicuna))
+    spaces, sets = {}, {}
+    for dataset in all_sets():
+        if dataset.catalogue not in spaces:
+            spaces[dataset.catalogue] = fused_space(candidates(dataset), vectors)
+        texts = [t.text for t in dataset.tasks if t.gold]
+        english = np.array([is_english(t) for t in texts])
+        sets[dataset.name] = (dataset.catalogue, unit(vectors.queries(texts)), english)
+
+    def default_gate(catalogue: str, calibration: np.ndarray, q: float, c: float) -> Rule:
+        space = spaces[catalogue]
+        best = np.maximum(calibration @ space.short.T, calibration @ space.full.T).max(axis=1)
+        level = max(float(np.quantile(best, q)), 0.15)
+
+        def passes(x: np.ndarray, english: np.ndarray) -> np.ndarray:
+            top = np.maximum(x @ space.short.T, x @ space.full.T).max(axis=1)
+            contrast = top - (x @ calibration.T).max(axis=1) > c
+            result: np.ndarray = (top >= level) & np.where(english, contrast, True)
+            return result
+
+        return passes
+
+    def report(label: str, gate_of: Callable[[str], Rule]) -> None:
+        served: dict[str, list[float]] = {k: [] for k in tests}
+        gated = []
+        for catalogue, real, english in sets.values():
+            gate = gate_of(catalogue)
+            for k, (x, e) in tests.items():
+                served[k].append(gate(x, e).sum() * 20 / len(x))
+            gated.append(1 - gate(real, english).mean())
+        cells = " | ".join(f"{np.mean(v):.1f} / {max(v):.1f}" for v in served.values())
+        print(f"| {label} | {cells} | {100 * np.mean(gated):.1f} % / {100 * max(gated):.1f} % |")
+
+    print(f"model {args.model}\n\n| gate | {' | '.join(tests)} | real gated |\n|---|---|---|---|")
+    for name, calibration in (
+        ("shipped", shipped),
+        ("shipped + Vicuna", np.vstack([shipped, extra])),
+    ):
+        for q, c in ((0.75, -0.05), (0.8, -0.02), (0.85, 0.0)):
+            label = f"{name}, level {q}, contrast {c}"
+            report(label, lambda cat, cal=calibration, q=q, c=c: default_gate(cat, cal, q, c))
+
+    group = {
+        name: ("acebench" if cat.startswith("acebench") else cat)
+        for name, (cat, _, _) in sets.items()
+    }
+    negatives = np.vstack([shipped, extra])
+    rng = np.random.default_rng(0)
+    probes = {}
+    for held in set(group.values()):
+        train = [n for n in sets if group[n] != held and n != "acebench_en+zh"]
+        positives = np.vstack([sets[n][1][rng.permutation(len(sets[n][1]))[:200]] for n in train])
+        x = np.vstack([positives, negatives])
+        probes[held] = fit(x, np.r_[np.ones(len(positives)), np.zeros(len(negatives))])
+    for threshold in (0.2, 0.3, 0.5):
+
+        def probed(catalogue: str, t: float = threshold) -> Rule:
+            base = default_gate(catalogue, shipped, 0.75, -0.05)
+            held = "acebench" if catalogue.startswith("acebench") else catalogue
+            weights = probes[held]
+
+            def passes(x: np.ndarray, english: np.ndarray) -> np.ndarray:
+                p = 1 / (1 + np.exp(-(x @ weights[:-1] + weights[-1])))
+                applies = np.ones(len(x), dtype=bool) if args.model == "e5" else english
+                result: np.ndarray = base(x, english) & (~applies | (p >= t))
+                return result
+
+            return passes
+
+        report(f"default + tool-intent probe ≥ {threshold}", probed)
+
+
+if __name__ == "__main__":
+    main()
