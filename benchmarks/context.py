@@ -23,9 +23,12 @@ the load's facts/s, the tables' and indexes' sizes, and for the three largest sc
 K-nearest scan visits under the scope filter, and whole calls over gRPC. It measures them
 twice, side by side: with the global HNSW index only (before), then after the scope index
 maintenance has given each scope above SATCHEL_EXACT_SCOPE_MAX its own
-(server/context/scope_indexes.py,
-timed). `--reuse DSN` measures a database such a run loaded (its scope indexes dropped first)
-instead of loading one.
+(server/context/scope_indexes.py, timed; the servers of this phase keep them). Then whole
+calls spread over every scope scored exactly, round-robin and Zipf, with the scope cache on
+and off, each on a `satchel serve` of its own (`benchmarks/scope_spread.py`: hit rate, RSS and
+the ratio to the query's embedding; `--spread-calls`, `--spread-cache-mb`). `--reuse DSN`
+measures a database such a run loaded (its scope indexes dropped first) instead of loading
+one; `--spread-only` with it runs the spread alone (scope indexes kept).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from scope_spread import run_spread
 
 from satchel.server.context.storage.candidates import fetch_fact_candidates
 from satchel.server.context.storage.plan import plan_query
@@ -721,6 +725,11 @@ def main() -> int:
     parser.add_argument("--total", type=int, default=1_000_000)
     parser.add_argument("--traces", type=int, default=100_000, help="earlier calls (--scopes)")
     parser.add_argument("--reuse", metavar="DSN", help="--scopes: measure this loaded database")
+    parser.add_argument("--spread-only", action="store_true", help="--reuse: the spread alone")
+    parser.add_argument("--spread-calls", type=int, default=4000, help="calls per spread case")
+    parser.add_argument(
+        "--spread-cache-mb", type=int, nargs="+", default=[256, 0], help="cache sizes to spread"
+    )
     args = parser.parse_args()
 
     from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
@@ -739,7 +748,8 @@ def main() -> int:
     try:
         dsn = args.reuse or scratch_database(base_dsn)
         apply_migrations(dsn)
-        # The servers measured here never maintain scope indexes: this script does, once.
+        # The servers measured before the scope indexes never build them (this script does,
+        # once); those measured after keep them (maintaining, they find nothing to do).
         maintained = replace(Settings.from_env(), database_url=dsn, data_dir=work)
         settings = replace(maintained, scope_index_max=0)
         embedder = FastEmbedEmbedder(cache_dir=work / "cache")
@@ -757,6 +767,11 @@ def main() -> int:
             f"satchel context benchmark, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d},"
             f" synthetic facts loaded {args.load_order}"
         )
+        if args.scopes and args.spread_only:
+            if not args.reuse:
+                parser.error("--spread-only measures a database loaded earlier: give --reuse")
+            run_spread(dsn, texts, args.spread_calls, args.spread_cache_mb)
+            return 0
         if args.scopes:
             if args.reuse:
                 sizes = loaded_sizes(dsn, "bench-scale")
@@ -782,7 +797,8 @@ def main() -> int:
             asyncio.run(measure_many_scopes(dsn, settings, "bench-scale", sizes, queries))
             asyncio.run(build_scope_indexes(dsn, maintained))
             print("\n=== after: each scope above the exact cut has its own index ===")
-            asyncio.run(measure_many_scopes(dsn, settings, "bench-scale", sizes, queries))
+            asyncio.run(measure_many_scopes(dsn, maintained, "bench-scale", sizes, queries))
+            run_spread(dsn, texts, args.spread_calls, args.spread_cache_mb)
             return 0
         # Every scope is loaded first: they share one table, as tenants do.
         scopes = []

@@ -10,10 +10,16 @@ write moves the version: the calls after it use the statements until the scope i
 its new version, so a scope written between every read (an agent's own loop) is never loaded
 for nothing. A scope at version 0 (not written since the migration, or deleted) is never held.
 
-Bounded: a scope with more than `max_rows` events (or facts) is not held, and the least
-recently read copies are dropped beyond `max_bytes`. One load runs at a time, from the primary;
+Bounded: a scope with more than `max_rows` events (or facts) is not held (nor are the facts of
+a scope above SATCHEL_EXACT_SCOPE_MAX, which are not ranked exactly), and the copies stay within
+`max_bytes`. Admission (TinyLFU): a frequency sketch counts every scope's recent reads, and
+when the cache is full a copy is loaded, and kept, only if the copies it would push out (the
+least recently read first) were read less often lately; otherwise the calls go on with the
+statements and it is asked again at a later read. Without it, a server reading more scopes in
+turn than it can hold would load every copy and drop it before its next read, and be slower
+than with no cache at all (benchmarks/context.md). One load runs at a time, from the primary;
 a version is loaded at most once (a copy too large, a failed load or a lagging replica's
-version is not asked for again), unless its copy was dropped for room.
+version is not asked for again), unless its copy was dropped or turned away for room.
 
 Erasure: a copy found at an older version is dropped at once, and a deletion (DeleteEvent,
 DeleteSubject, DeleteProject, announced to every server at commit) drops the scope's copies
@@ -31,6 +37,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from satchel.server.context.domain.episode_ranking import ScopeEvents
 from satchel.server.context.domain.fact_ranking import ScopeFacts
+from satchel.server.context.domain.frequency import FrequencySketch
 from satchel.server.context.storage.scopes import load_scope_events, load_scope_facts
 from satchel.server.platform.storage.pool import autocommit
 
@@ -64,6 +71,7 @@ class ScopeCacheStats:
     loads: int = 0
     too_large: int = 0
     evictions: int = 0
+    rejected: int = 0  # not loaded, or not kept: what it would push out is read more often
 
 
 class ScopeCache:
@@ -81,6 +89,7 @@ class ScopeCache:
         self._loading_erased = False  # the scope loading now was erased meanwhile
         self.bytes = 0
         self.stats = {EVENTS: ScopeCacheStats(), FACTS: ScopeCacheStats()}
+        self.sketch = FrequencySketch()
 
     @property
     def enabled(self) -> bool:
@@ -106,6 +115,7 @@ class ScopeCache:
         is the second call in a row to find it at this version."""
         if not self.enabled or version == NO_VERSION:
             return None
+        self.sketch.add(key)
         stats = self.stats[key[0]]
         held = self._scopes.get(key)
         if held is not None and held.version == version:
@@ -121,10 +131,23 @@ class ScopeCache:
             if len(self._sightings) > MAX_SIGHTINGS:
                 self._sightings.popitem(last=False)
         elif not seen.load_asked:  # once a version: not again when too large or failing
-            seen.load_asked = True
-            self._enqueue(key)
+            if self._admits(key):
+                seen.load_asked = True
+                self._enqueue(key)
+            else:
+                stats.rejected += 1
         self._sightings.move_to_end(key)
         return None
+
+    def _admits(self, key: ScopeKey) -> bool:
+        """Whether a copy of `key` is worth loading: there is room for a copy of the usual
+        size, or the copy it would push out first was read less often lately."""
+        if not self._scopes:
+            return True
+        if self.bytes + self.bytes / len(self._scopes) <= self.max_bytes:
+            return True
+        victim = next(iter(self._scopes))
+        return self.sketch.estimate(key) > self.sketch.estimate(victim)
 
     def _enqueue(self, key: ScopeKey) -> None:
         self._queue[key] = None
@@ -153,22 +176,38 @@ class ScopeCache:
             self.put(key, held)
 
     def put(self, key: ScopeKey, held: Held) -> None:
-        """Hold a scope's events or facts, dropping the least recently read beyond the budget."""
+        """Hold a scope's events or facts, dropping the least recently read beyond the budget
+        when each of them was read less often lately than this scope; otherwise not held."""
         previous = self._scopes.pop(key, None)
         if previous is not None:
             self.bytes -= previous.nbytes
         if held.nbytes > self.max_bytes:
             self.stats[key[0]].too_large += 1
             return
+        victims, freed = [], 0
+        for victim, copy in self._scopes.items():
+            if self.bytes - freed + held.nbytes <= self.max_bytes:
+                break
+            victims.append(victim)
+            freed += copy.nbytes
+        reads = self.sketch.estimate(key)
+        if any(self.sketch.estimate(victim) >= reads for victim in victims):
+            self.stats[key[0]].rejected += 1
+            self._ask_again(key, held.version)
+            return
+        for victim in victims:
+            self.stats[victim[0]].evictions += 1
+            self._ask_again(victim, self._scopes[victim].version)
+            self._drop(victim)
         self._scopes[key] = held
         self.bytes += held.nbytes
-        while self.bytes > self.max_bytes:
-            dropped_key, dropped = self._scopes.popitem(last=False)
-            self.bytes -= dropped.nbytes
-            self.stats[dropped_key[0]].evictions += 1
-            seen = self._sightings.get(dropped_key)
-            if seen is not None and seen.version == dropped.version:
-                seen.load_asked = False  # read twice more at its version, it comes back
+
+    def _ask_again(self, key: ScopeKey, version: int) -> None:
+        """A copy of `key` at `version` left (or never entered) for room: read again at its
+        version, it is asked for again."""
+        seen = self._sightings.get(key)
+        if seen is not None and seen.version == version:
+            seen.load_asked = False
 
     def forget(self, project_id: str, subject_id: str | None) -> None:
         """Drop what is held of a scope (of every scope of the project when `subject_id` is

@@ -376,6 +376,8 @@ async def ranked_episodes(
     `facts` when held."""
     cfg = runtime.settings.context
     if events is None:
+        if not plan.scope_events:  # no statement for a scope that has no events
+            return []
         rows: list[ScoredEpisode] = await fetch(fetch_episodes, scope, vector, cfg, plan)
         return rows
     query = EpisodeQuery(

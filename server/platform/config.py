@@ -118,10 +118,12 @@ class ContextSettings:
     episode_context_gap_seconds: float = 3600.0
     #: Hybrid: the events and facts of the scopes read without changing are held in memory and
     #: ranked there (server/context/scope_cache.py, docs/context.md "In memory"), up to this
-    #: many MB per server (the least recently read copies are dropped); `0`: off.
+    #: many MB per server; when full, a copy enters only if those it pushes out (the least
+    #: recently read first) were read less often lately (TinyLFU); `0`: off.
     scope_cache_mb: int = 256
     #: Hybrid: no scope of more events (or facts) than this is held in memory; facts are held
-    #: only for scopes scored exactly (`SATCHEL_EXACT_SCOPE_MAX`).
+    #: only for scopes scored exactly, so their effective limit is the smaller of this and
+    #: `SATCHEL_EXACT_SCOPE_MAX`.
     scope_cache_max_rows: int = 50_000
     #: Hybrid: of two facts with one predicate at least this close (cosine), the newer ranks
     #: first (a value stated again later; server/context/domain/updates.py); `0`: off.

@@ -147,8 +147,8 @@ def runtime_with(runtime: Runtime, **context: object) -> Runtime:
     return Runtime(settings=settings, pool=runtime.pool, embedder=runtime.embedder)
 
 
-def scope_of(project_id: str) -> Scope:
-    return Scope(project_id, SUBJECT, datetime.now(UTC), historical=False)
+def scope_of(project_id: str, subject_id: str = SUBJECT) -> Scope:
+    return Scope(project_id, subject_id, datetime.now(UTC), historical=False)
 
 
 async def both_rankings(runtime, scope: Scope, query: str, events: ScopeEvents):
@@ -285,6 +285,36 @@ async def version_of(runtime: Runtime, project_id: str) -> int:
     return plan.events_version
 
 
+async def test_a_scope_without_events_is_asked_for_no_episodes(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    runtime = server.runtime.value
+    memory = memory_stub(channel)
+    await memory.AssertFact(fact_request(project_id, statement="Maya lives in Porto"))
+    ranking, scope = ranking_of(runtime.settings.context), scope_of(project_id)
+    vector = await runtime.embed_query("Where does Maya live?")
+    statements: list[object] = []
+
+    async def fetch(statement, *args):
+        statements.append(statement)
+        return []
+
+    for seed in (False, True):
+        cfg = runtime.settings.context
+        cfg = replace(cfg, ranking="seed") if seed else cfg  # the plan statement of each ranking
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(conn, scope, "Where does Maya live?", cfg)
+        assert not plan.scope_events
+        episodes = await assembly.ranked_episodes(
+            runtime, ranking, scope, vector, plan, fetch, events=None
+        )
+        assert episodes == [] and statements == []
+    await memory.RecordEvent(event_request(project_id))
+    async with runtime.pool.connection() as conn:
+        plan = await plan_query(conn, scope, "Where does Maya live?", runtime.settings.context)
+    assert plan.scope_events
+
+
 async def test_every_write_of_a_scopes_events_gives_it_a_new_version(
     channel: grpc.aio.Channel, project_id: str, server
 ) -> None:
@@ -344,6 +374,7 @@ def test_the_index_holds_at_most_its_budget_dropping_the_least_recently_read() -
     for scope in ("a", "b"):
         index.put((EVENTS, "p", scope), fake_events(1, 10))
     assert index.events("p", "a", 1) is not None  # "a" read: "b" is now the oldest
+    index.sketch.add((EVENTS, "p", "c"))  # read once lately, "b" never: "c" may push it out
     index.put((EVENTS, "p", "c"), fake_events(1, 10))
     assert index.events("p", "b", 1) is None
     assert index.events("p", "a", 1) is not None and index.events("p", "c", 1) is not None
@@ -352,6 +383,74 @@ def test_the_index_holds_at_most_its_budget_dropping_the_least_recently_read() -
     assert index.held("p", "a") == [] and index.bytes == sizes, "and its copy is dropped"
     index.put((EVENTS, "p", "huge"), fake_events(1, 40))  # more than the whole budget: not held
     assert index.events("p", "huge", 1) is None and len(index) == 1
+
+
+def loading_at_once(index: ScopeCache) -> None:
+    """Loads happen as they are asked for, with copies of ten fake events (no database)."""
+
+    def load(key: tuple[str, str, str]) -> None:
+        index.put(key, fake_events(1, 10))
+
+    index._enqueue = load  # type: ignore[method-assign]
+
+
+def test_reading_more_scopes_in_turn_than_fit_keeps_a_stable_part_of_them() -> None:
+    size = fake_events(1, 10).nbytes
+    index = ScopeCache(pool=None, max_bytes=3 * size, max_rows=100)  # type: ignore[arg-type]
+    loading_at_once(index)
+    for _ in range(6):
+        for scope in "abcdefgh":
+            index.events("p", scope, 1)
+    stats = index.stats[EVENTS]
+    assert sorted(subject for _, _, subject in index._scopes) == ["a", "b", "c"]
+    assert (stats.loads, stats.evictions) == (0, 0)  # `put` directly: no load counted
+    assert stats.hits == 3 * 4, "a, b and c hit from the third round on"
+    assert stats.rejected == 5 * 5, "d to h are turned away at each read from the second round"
+
+
+def test_a_scope_read_more_often_pushes_out_colder_ones() -> None:
+    size = fake_events(1, 10).nbytes
+    index = ScopeCache(pool=None, max_bytes=2 * size, max_rows=100)  # type: ignore[arg-type]
+    loading_at_once(index)
+    for scope in ("a", "a", "b", "b"):
+        index.events("p", scope, 1)
+    assert index.held("p", "a") == [EVENTS] and index.held("p", "b") == [EVENTS]
+    assert index.events("p", "hot", 1) is None
+    assert index.events("p", "hot", 1) is None, "read as often as a: turned away"
+    assert index.stats[EVENTS].rejected == 1 and index.held("p", "hot") == []
+    assert index.events("p", "hot", 1) is None  # now read more often than a: loaded
+    assert index.held("p", "hot") == [EVENTS] and index.held("p", "a") == []
+    assert index.events("p", "hot", 1) is not None and index.stats[EVENTS].evictions == 1
+
+
+async def test_a_cache_full_of_scopes_read_in_turn_stops_loading(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    memory = memory_stub(channel)
+    subjects = [f"turn-{i}" for i in range(6)]
+    for subject in subjects:
+        await memory.RecordEvent(
+            event_request(project_id, subject, payload={"speaker": "Maya", "text": subject})
+        )
+    runtime = server.runtime.value
+    async with runtime.pool.connection() as conn:
+        held = await load_scope_events(conn, project_id, subjects[0], 100)
+    assert held is not None
+    index = ScopeCache(runtime.pool, max_bytes=2 * held.nbytes + held.nbytes // 2, max_rows=100)
+    versions = {}
+    for subject in subjects:
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(
+                conn, scope_of(project_id, subject), "x", runtime.settings.context
+            )
+        versions[subject] = plan.events_version
+    for _ in range(5):
+        for subject in subjects:
+            index.events(project_id, subject, versions[subject])
+            await index.wait_loaded()
+    stats = index.stats[EVENTS]
+    assert stats.loads == 2 and stats.evictions == 0 and len(index) == 2
+    assert stats.hits == 2 * 3 and stats.rejected == 4 * 4
 
 
 async def test_a_scope_beyond_the_event_limit_is_not_held(

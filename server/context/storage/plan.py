@@ -1,5 +1,6 @@
-"""Before the query is embedded: the searched words, the scope's size and versions (one round
-trip, `plan_query`), which choose the path of the call's other statements."""
+"""Before the query is embedded: the searched words, the scope's size, versions and whether it
+has events (one round trip, `plan_query`), which choose the path of the call's other
+statements."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class QueryPlan:
     idfs: list[float] = field(default_factory=list)
     avg_tokens: float = 1.0
     scope_indexed: bool = False
+    # Whether the scope has any event: a scope without is asked for no episodes.
+    scope_events: bool = True
     # The versions of the scope's events and facts (hybrid ranking; None: not read), see
     # context/scope_cache.py.
     events_version: int | None = None
@@ -55,6 +58,12 @@ _SCOPE_INDEXED = """EXISTS (
 )"""
 
 
+_SCOPE_EVENTS = """EXISTS (
+    SELECT 1 FROM events e
+    WHERE e.project_id = %(project_id)s AND e.subject_id = %(subject_id)s
+)"""
+
+
 _PLAN_SQL_TEXT = f"""
 SELECT ARRAY(
     SELECT t.term FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, position)
@@ -64,7 +73,8 @@ SELECT ARRAY(
     ORDER BY t.position
 ) AS terms,
 {_SCOPE_FACTS} AS scope_facts,
-{_SCOPE_INDEXED} AS scope_indexed
+{_SCOPE_INDEXED} AS scope_indexed,
+{_SCOPE_EVENTS} AS scope_events
 """
 
 
@@ -98,6 +108,7 @@ SELECT coalesce(array_agg(lexeme ORDER BY position), '{{}}') AS terms,
        (SELECT greatest(tokens::float8 / greatest(documents, 1), 1.0) FROM sizes) AS avg_tokens,
        {_SCOPE_FACTS} AS scope_facts,
        {_SCOPE_INDEXED} AS scope_indexed,
+       {_SCOPE_EVENTS} AS scope_events,
        ({VERSION.format(kind="events")}) AS events_version,
        ({VERSION.format(kind="facts")}) AS facts_version
 FROM terms
@@ -131,11 +142,15 @@ async def plan_query(
             idfs=[float(x) for x in row["idfs"]],
             avg_tokens=float(row["avg_tokens"]),
             scope_indexed=bool(row["scope_indexed"]),
+            scope_events=bool(row["scope_events"]),
             events_version=int(row["events_version"]),
             facts_version=int(row["facts_version"]),
         )
     params["terms"] = query_terms(query)
     [row] = await fetch_all(conn, PLAN_SQL, params)
     return QueryPlan(
-        list(row["terms"]), int(row["scope_facts"]), scope_indexed=bool(row["scope_indexed"])
+        list(row["terms"]),
+        int(row["scope_facts"]),
+        scope_indexed=bool(row["scope_indexed"]),
+        scope_events=bool(row["scope_events"]),
     )

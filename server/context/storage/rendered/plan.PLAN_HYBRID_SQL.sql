@@ -30,6 +30,10 @@ SELECT coalesce(array_agg(lexeme ORDER BY position), '{}') AS terms,
     SELECT 1 FROM scope_indexes v
     WHERE v.project_id = $2 AND v.subject_id = $3 AND v.state = 'ready'
 ) AS scope_indexed,
+       EXISTS (
+    SELECT 1 FROM events e
+    WHERE e.project_id = $2 AND e.subject_id = $3
+) AS scope_events,
        (SELECT coalesce(max(v.events), 0) AS version FROM scope_versions v
     WHERE v.project_id = $2 AND v.subject_id = $3) AS events_version,
        (SELECT coalesce(max(v.facts), 0) AS version FROM scope_versions v

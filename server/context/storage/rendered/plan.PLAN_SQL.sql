@@ -16,4 +16,8 @@ SELECT ARRAY(
 EXISTS (
     SELECT 1 FROM scope_indexes v
     WHERE v.project_id = $2 AND v.subject_id = $3 AND v.state = 'ready'
-) AS scope_indexed
+) AS scope_indexed,
+EXISTS (
+    SELECT 1 FROM events e
+    WHERE e.project_id = $2 AND e.subject_id = $3
+) AS scope_events

@@ -1,0 +1,224 @@
+"""Whole calls spread over many scopes: round-robin and Zipf, scope cache on and off.
+
+Used by `benchmarks/context.py --scopes` (after its per-scope phases) or alone on a database
+such a run loaded:
+
+    .venv/bin/python benchmarks/scope_spread.py DSN [--calls 4000] [--cache-mb 256 0]
+
+Per case it starts `satchel serve` on the database (a subprocess: its RSS is the server's), then
+sends AssembleContext calls to the scopes of project `bench-scale` that are scored exactly (at
+most SATCHEL_EXACT_SCOPE_MAX facts: every scope but the few largest), each call after timing the
+query's embedding alone in this process, and prints p50 / p95 of both, their ratio, the scope
+cache's hit rate over the measured calls (its metrics) and the server's RSS. The first half of
+the calls warms the server and its cache up (a scope is loaded on its second read); the second
+half is measured.
+
+- round-robin: every scope in turn, the same order each round;
+- Zipf: scope of rank r drawn with probability ∝ 1 / r^1.1 (ranks shuffled over the scopes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from satchel.server.embedding.port import Embedder
+
+PROJECT = "bench-scale"
+ZIPF_S = 1.1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def exact_scopes(dsn: str, exact_scope_max: int) -> list[str]:
+    """The project's scopes scored exactly, smallest first."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT subject_id FROM facts WHERE project_id = %s AND status = 'active'"
+            " GROUP BY subject_id HAVING count(*) <= %s ORDER BY count(*), subject_id",
+            (PROJECT, exact_scope_max),
+        ).fetchall()
+    return [subject for (subject,) in rows]
+
+
+def order(spread: str, scopes: list[str], calls: int, seed: int) -> Iterator[str]:
+    """The scopes of `calls` calls."""
+    if spread == "round-robin":
+        for i in range(calls):
+            yield scopes[i % len(scopes)]
+        return
+    rng = np.random.default_rng(seed)
+    ranked = list(scopes)
+    random.Random(seed).shuffle(ranked)
+    weights = 1 / np.arange(1, len(ranked) + 1) ** ZIPF_S
+    for i in rng.choice(len(ranked), size=calls, p=weights / weights.sum()):
+        yield ranked[i]
+
+
+def _cache_counters(metrics: str) -> tuple[float, float]:
+    """(hits, misses) of the scope cache, both kinds, from the Prometheus text."""
+    totals = []
+    for name in ("hits", "misses"):
+        pattern = rf"^satchel_scope_cache_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$"
+        totals.append(sum(float(v) for v in re.findall(pattern, metrics, re.MULTILINE)))
+    return totals[0], totals[1]
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+async def _serving(channel: grpc.aio.Channel, timeout: float = 120) -> None:
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the server did not become SERVING")
+        await asyncio.sleep(0.2)
+
+
+async def measure_case(
+    dsn: str,
+    data_dir: Path,
+    embedder: Embedder,
+    texts: list[str],
+    subjects: list[str],
+    cache_mb: int,
+) -> dict[str, float]:
+    """One server, these calls (the first half warming up); figures of the second half."""
+    from satchel.v1 import context_pb2, context_pb2_grpc
+
+    target, metrics_port = f"127.0.0.1:{_free_port()}", _free_port()
+    env = {
+        **os.environ,
+        "SATCHEL_DATABASE_URL": dsn,
+        "SATCHEL_DATA_DIR": str(data_dir),
+        "SATCHEL_LISTEN": target,
+        "SATCHEL_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
+        "SATCHEL_SCOPE_CACHE_MB": str(cache_mb),
+        "SATCHEL_LOG_LEVEL": "error",
+        "GRPC_VERBOSITY": "ERROR",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "satchel.server.cli", "serve"], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            await _serving(channel)
+            stub = context_pb2_grpc.ContextServiceStub(channel)
+            warm = len(subjects) // 2
+            call_ms, embed_ms = [], []
+            before = (0.0, 0.0)
+            for i, (subject, text) in enumerate(zip(subjects, texts, strict=False)):
+                if i == warm:
+                    url = f"http://127.0.0.1:{metrics_port}/metrics"
+                    before = _cache_counters(urllib.request.urlopen(url).read().decode())
+                started = time.perf_counter()
+                embedder.embed([embedder.query_prefix + text])
+                embedded = time.perf_counter()
+                await stub.AssembleContext(
+                    context_pb2.AssembleContextRequest(
+                        project_id=PROJECT, subject_id=subject, query=text
+                    )
+                )
+                if i >= warm:
+                    embed_ms.append((embedded - started) * 1000)
+                    call_ms.append((time.perf_counter() - embedded) * 1000)
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            after = _cache_counters(urllib.request.urlopen(url).read().decode())
+            rss = _rss_mb(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    q95 = statistics.quantiles(call_ms, n=20)[-1]
+    return {
+        "p50": statistics.median(call_ms),
+        "p95": q95,
+        "embed": statistics.median(embed_ms),
+        "hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
+        "rss": rss,
+    }
+
+
+def run_spread(
+    dsn: str, texts: list[str], calls: int, cache_sizes: list[int], exact_scope_max: int = 10_000
+) -> None:
+    """Every case (round-robin, Zipf) x cache size; prints a Markdown table."""
+    from satchel.server.embedding import load_embedder
+    from satchel.server.platform.config import Settings
+
+    data_dir = Path(tempfile.mkdtemp(prefix="satchel-spread-", dir="/var/tmp"))
+    embedder = load_embedder(Settings.from_env())
+    scopes = exact_scopes(dsn, exact_scope_max)
+    rng = random.Random(3)
+    queries = [rng.choice(texts) for _ in range(calls)]
+    print(
+        f"\n=== {calls} calls spread over the {len(scopes)} scopes scored exactly"
+        f" (the first {calls // 2} warm up) ==="
+    )
+    print("| spread | cache MB | p50 ms | p95 ms | embedding p50 ms | p50 / embedding |", end="")
+    print(" p95 / p50 | hit rate | server RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for spread in ("round-robin", "Zipf"):
+        subjects = list(order(spread, scopes, calls, seed=11))
+        for cache_mb in cache_sizes:
+            f = asyncio.run(measure_case(dsn, data_dir, embedder, queries, subjects, cache_mb))
+            hit = "-" if cache_mb == 0 else f"{100 * f['hit_rate']:.0f} %"
+            print(
+                f"| {spread} | {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} | {f['embed']:.1f} |"
+                f" {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} | {hit} |"
+                f" {f['rss']:.0f} |",
+                flush=True,
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dsn", help="a database loaded by benchmarks/context.py --scopes")
+    parser.add_argument("--calls", type=int, default=4000)
+    parser.add_argument("--cache-mb", type=int, nargs="+", default=[256, 0])
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from context import questions
+
+    run_spread(args.dsn, questions(200, random.Random(7)), args.calls, args.cache_mb)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
