@@ -765,7 +765,7 @@ def main() -> int:
         queries = list(zip(texts, query_vectors, strict=True))
         print(
             f"satchel context benchmark, {os.cpu_count()} cores, {datetime.now(UTC):%Y-%m-%d},"
-            f" synthetic facts loaded {args.load_order}"
+            f" synthetic facts loaded {args.load_order}; database {dsn} (kept: --reuse it)"
         )
         if args.scopes and args.spread_only:
             if not args.reuse:

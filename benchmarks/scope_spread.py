@@ -5,16 +5,21 @@ such a run loaded:
 
     .venv/bin/python benchmarks/scope_spread.py DSN [--calls 4000] [--cache-mb 256 0]
 
-Per case it starts `satchel serve` on the database (a subprocess: its RSS is the server's), then
-sends AssembleContext calls to the scopes of project `bench-scale` that are scored exactly (at
-most SATCHEL_EXACT_SCOPE_MAX facts: every scope but the few largest), each call after timing the
-query's embedding alone in this process, and prints p50 / p95 of both, their ratio, the scope
-cache's hit rate over the measured calls (its metrics) and the server's RSS. The first half of
-the calls warms the server and its cache up (a scope is loaded on its second read); the second
+Per spread it starts one `satchel serve` per cache size on the database (subprocesses: their
+RSS is the server's), all at once, then sends each AssembleContext call to every server in
+turn, so that the sizes compared share the machine's noise. The calls go to the scopes of
+project `bench-scale` scored exactly (at most SATCHEL_EXACT_SCOPE_MAX facts: every scope but
+the few largest), the query's embedding timed alone in this process before each. Printed per
+size: p50 / p95 of both, their ratio, the scope cache's hit rate, loads, evictions and copies
+turned away over the measured calls (its metrics) and the server's RSS. The first half of the
+calls warms the servers and their caches up (a scope is loaded on its second read); the second
 half is measured.
 
 - round-robin: every scope in turn, the same order each round;
 - Zipf: scope of rank r drawn with probability ∝ 1 / r^1.1 (ranks shuffled over the scopes).
+
+`SATCHEL_SPREAD_SERVER`, a command line, starts another build of the server instead (a paired
+run against an earlier commit).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import statistics
@@ -79,13 +85,17 @@ def order(spread: str, scopes: list[str], calls: int, seed: int) -> Iterator[str
         yield ranked[i]
 
 
-def _cache_counters(metrics: str) -> tuple[float, float]:
-    """(hits, misses) of the scope cache, both kinds, from the Prometheus text."""
-    totals = []
-    for name in ("hits", "misses"):
+COUNTERS = ("hits", "misses", "loads", "evictions", "rejected")
+
+
+def _cache_counters(metrics_port: int) -> dict[str, float]:
+    """The scope cache's counters (both kinds summed) from the server's metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    totals = {}
+    for name in COUNTERS:
         pattern = rf"^satchel_scope_cache_{name}_total\{{[^}}]*\}} ([0-9.e+]+)$"
-        totals.append(sum(float(v) for v in re.findall(pattern, metrics, re.MULTILINE)))
-    return totals[0], totals[1]
+        totals[name] = sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
+    return totals
 
 
 def _rss_mb(pid: int) -> float:
@@ -108,77 +118,108 @@ async def _serving(channel: grpc.aio.Channel, timeout: float = 120) -> None:
         await asyncio.sleep(0.2)
 
 
-async def measure_case(
-    dsn: str,
-    data_dir: Path,
-    embedder: Embedder,
-    texts: list[str],
-    subjects: list[str],
-    cache_mb: int,
-) -> dict[str, float]:
-    """One server, these calls (the first half warming up); figures of the second half."""
-    from satchel.v1 import context_pb2, context_pb2_grpc
-
+def _start_server(
+    dsn: str, data_dir: Path, cache_mb: int
+) -> tuple[subprocess.Popen[bytes], str, int]:
+    """`satchel serve` on the database with this cache size: the process, its gRPC target,
+    its metrics port."""
     target, metrics_port = f"127.0.0.1:{_free_port()}", _free_port()
     env = {
         **os.environ,
         "SATCHEL_DATABASE_URL": dsn,
-        "SATCHEL_DATA_DIR": str(data_dir),
+        "SATCHEL_DATA_DIR": str(data_dir / f"cache-{cache_mb}"),
         "SATCHEL_LISTEN": target,
         "SATCHEL_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
         "SATCHEL_SCOPE_CACHE_MB": str(cache_mb),
         "SATCHEL_LOG_LEVEL": "error",
         "GRPC_VERBOSITY": "ERROR",
     }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "satchel.server.cli", "serve"], env=env, stdout=subprocess.DEVNULL
-    )
+    command = shlex.split(os.environ.get("SATCHEL_SPREAD_SERVER", "")) or [
+        sys.executable,
+        "-m",
+        "satchel.server.cli",
+        "serve",
+    ]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL), target, metrics_port
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.send_signal(signal.SIGTERM)
     try:
-        async with grpc.aio.insecure_channel(target) as channel:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+async def measure_cases(
+    dsn: str,
+    data_dir: Path,
+    embedder: Embedder,
+    texts: list[str],
+    subjects: list[str],
+    cache_sizes: list[int],
+) -> list[dict[str, float]]:
+    """One server per cache size, all up at once; each call sent to every server in turn
+    (which goes first alternates), so that they share the machine's noise. The first half of
+    the calls warms up; figures of the second half, per cache size."""
+    from satchel.v1 import context_pb2, context_pb2_grpc
+
+    servers = [_start_server(dsn, data_dir, mb) for mb in cache_sizes]
+    channels = [grpc.aio.insecure_channel(target) for _, target, _ in servers]
+    try:
+        for channel in channels:
             await _serving(channel)
-            stub = context_pb2_grpc.ContextServiceStub(channel)
-            warm = len(subjects) // 2
-            call_ms, embed_ms = [], []
-            before = (0.0, 0.0)
-            for i, (subject, text) in enumerate(zip(subjects, texts, strict=False)):
-                if i == warm:
-                    url = f"http://127.0.0.1:{metrics_port}/metrics"
-                    before = _cache_counters(urllib.request.urlopen(url).read().decode())
-                started = time.perf_counter()
-                embedder.embed([embedder.query_prefix + text])
-                embedded = time.perf_counter()
-                await stub.AssembleContext(
-                    context_pb2.AssembleContextRequest(
-                        project_id=PROJECT, subject_id=subject, query=text
-                    )
-                )
+        stubs = [context_pb2_grpc.ContextServiceStub(channel) for channel in channels]
+        warm = len(subjects) // 2
+        call_ms: list[list[float]] = [[] for _ in servers]
+        embed_ms: list[float] = []
+        before = [dict.fromkeys(COUNTERS, 0.0) for _ in servers]
+        for i, (subject, text) in enumerate(zip(subjects, texts, strict=False)):
+            if i == warm:
+                before = [_cache_counters(port) for _, _, port in servers]
+            started = time.perf_counter()
+            embedder.embed([embedder.query_prefix + text])
+            if i >= warm:
+                embed_ms.append((time.perf_counter() - started) * 1000)
+            request = context_pb2.AssembleContextRequest(
+                project_id=PROJECT, subject_id=subject, query=text
+            )
+            turn = list(range(len(stubs)))
+            for k in turn[i % len(turn) :] + turn[: i % len(turn)]:
+                sent = time.perf_counter()
+                await stubs[k].AssembleContext(request)
                 if i >= warm:
-                    embed_ms.append((embedded - started) * 1000)
-                    call_ms.append((time.perf_counter() - embedded) * 1000)
-            url = f"http://127.0.0.1:{metrics_port}/metrics"
-            after = _cache_counters(urllib.request.urlopen(url).read().decode())
-            rss = _rss_mb(server.pid)
+                    call_ms[k].append((time.perf_counter() - sent) * 1000)
+        after = [_cache_counters(port) for _, _, port in servers]
+        rss = [_rss_mb(server.pid) for server, _, _ in servers]
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    hits, misses = after[0] - before[0], after[1] - before[1]
-    q95 = statistics.quantiles(call_ms, n=20)[-1]
-    return {
-        "p50": statistics.median(call_ms),
-        "p95": q95,
-        "embed": statistics.median(embed_ms),
-        "hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
-        "rss": rss,
-    }
+        for channel in channels:
+            await channel.close()
+        for server, _, _ in servers:
+            _stop(server)
+    embed = statistics.median(embed_ms)
+    figures = []
+    for k in range(len(servers)):
+        counted = {name: after[k][name] - before[k][name] for name in COUNTERS}
+        looked_up = counted["hits"] + counted["misses"]
+        figures.append(
+            {
+                "p50": statistics.median(call_ms[k]),
+                "p95": statistics.quantiles(call_ms[k], n=20)[-1],
+                "embed": embed,
+                "hit_rate": counted["hits"] / looked_up if looked_up else float("nan"),
+                "rss": rss[k],
+                **{name: counted[name] for name in ("loads", "evictions", "rejected")},
+            }
+        )
+    return figures
 
 
 def run_spread(
     dsn: str, texts: list[str], calls: int, cache_sizes: list[int], exact_scope_max: int = 10_000
 ) -> None:
-    """Every case (round-robin, Zipf) x cache size; prints a Markdown table."""
+    """Every spread (round-robin, Zipf) over the cache sizes side by side; prints a Markdown
+    table."""
     from satchel.server.embedding import load_embedder
     from satchel.server.platform.config import Settings
 
@@ -189,19 +230,24 @@ def run_spread(
     queries = [rng.choice(texts) for _ in range(calls)]
     print(
         f"\n=== {calls} calls spread over the {len(scopes)} scopes scored exactly"
-        f" (the first {calls // 2} warm up) ==="
+        f" (the first {calls // 2} warm up; cache sizes served side by side) ==="
     )
     print("| spread | cache MB | p50 ms | p95 ms | embedding p50 ms | p50 / embedding |", end="")
-    print(" p95 / p50 | hit rate | server RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(" p95 / p50 | hit rate | loads / evictions / turned away | server RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for spread in ("round-robin", "Zipf"):
         subjects = list(order(spread, scopes, calls, seed=11))
-        for cache_mb in cache_sizes:
-            f = asyncio.run(measure_case(dsn, data_dir, embedder, queries, subjects, cache_mb))
+        cases = asyncio.run(measure_cases(dsn, data_dir, embedder, queries, subjects, cache_sizes))
+        for cache_mb, f in zip(cache_sizes, cases, strict=True):
             hit = "-" if cache_mb == 0 else f"{100 * f['hit_rate']:.0f} %"
+            churn = (
+                "-"
+                if cache_mb == 0
+                else f"{f['loads']:.0f} / {f['evictions']:.0f} / {f['rejected']:.0f}"
+            )
             print(
                 f"| {spread} | {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} | {f['embed']:.1f} |"
-                f" {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} | {hit} |"
+                f" {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} | {hit} | {churn} |"
                 f" {f['rss']:.0f} |",
                 flush=True,
             )
