@@ -38,8 +38,9 @@ import numpy as np
 
 from satchel.server.context.domain.block import (
     BlockCosts,
-    episode_line,
-    fact_line,
+    Entry,
+    episode_entry,
+    fact_entry,
     render_block,
 )
 from satchel.server.context.domain.entities import extract_entities
@@ -142,11 +143,13 @@ class Packet:
 @dataclass(frozen=True)
 class Budget:
     """How a call's budget counts (SATCHEL_BUDGET_COUNTS): the rendered block's tokens with
-    `counter`, or (`block` False) the seed's sum of the served texts' estimates."""
+    `counter`, or (`block` False) the seed's sum of the served texts' estimates; the block's
+    `layout` (SATCHEL_BLOCK_LAYOUT)."""
 
     tokens: int
     counter: TokenCounter
     block: bool
+    layout: str
 
     @cached_property
     def costs(self) -> BlockCosts | None:
@@ -157,6 +160,23 @@ class Budget:
     def line_cost(self, line: str) -> int | None:
         """What a candidate's line costs (None: its text's estimate, the items budget)."""
         return self.counter.bound(line) if self.block else None
+
+    def group_cost(self, group: str) -> int:
+        """What a group's header costs with its first item (0: none, or the items budget)."""
+        return self.counter.bound(group) if self.block and group else 0
+
+    def fact_entry(self, fact: ServedFact | ScoredFact) -> Entry:
+        return fact_entry(
+            fact.statement,
+            fact.predicate,
+            fact.value,
+            fact.valid_from,
+            fact.confidence,
+            self.layout,
+        )
+
+    def episode_entry(self, occurred_at: datetime | None, kind: str, excerpt: str) -> Entry:
+        return episode_entry(occurred_at, kind, excerpt, self.layout)
 
     @property
     def counter_name(self) -> str:
@@ -175,8 +195,8 @@ class Budget:
             return counted[text]
 
         block = render_block(
-            [_fact_line(f) for f in facts],
-            [episode_line(e.occurred_at, e.kind, e.excerpt) for e in episodes],
+            [self.fact_entry(f) for f in facts],
+            [self.episode_entry(e.occurred_at, e.kind, e.excerpt) for e in episodes],
             warnings,
             fits=(lambda text: count(text) <= self.tokens) if self.block else None,
         )
@@ -185,14 +205,10 @@ class Budget:
         return block, count(block) if block else 0
 
 
-def _fact_line(fact: ServedFact) -> str:
-    return fact_line(fact.statement, fact.predicate, fact.value, fact.valid_from, fact.confidence)
-
-
 def budget_of(runtime: Runtime, budget_tokens: int) -> Budget:
     """A call's budget under the server's settings."""
-    block = runtime.settings.context.budget_counts == "block"
-    return Budget(budget_tokens, runtime.tokens, block)
+    cfg = runtime.settings.context
+    return Budget(budget_tokens, runtime.tokens, cfg.budget_counts == "block", cfg.block_layout)
 
 
 @dataclass(frozen=True)
@@ -219,25 +235,31 @@ class _Timer:
 
 def _fact_candidates(rows: list[ScoredFact], budget: Budget) -> list[Candidate]:
     """The rows as packing candidates; of two statements of one value, the newer ranks first."""
-    candidates = [
-        Candidate(
-            id=r.id,
-            kind=FACT,
-            text=r.statement,
-            similarity=r.similarity,
-            text_rank=r.text_rank,
-            recency=r.recency,
-            score=r.score,
-            blocked_reason=(
-                CONFLICT_OPEN if r.in_open_conflict else VOLATILITY_EXPIRED if r.expired else None
-            ),
-            sources=frozenset(r.source_event_ids),
-            cost=budget.line_cost(
-                fact_line(r.statement, r.predicate, r.value, r.valid_from, r.confidence)
-            ),
+    candidates = []
+    for r in rows:
+        entry = budget.fact_entry(r)
+        candidates.append(
+            Candidate(
+                id=r.id,
+                kind=FACT,
+                text=r.statement,
+                similarity=r.similarity,
+                text_rank=r.text_rank,
+                recency=r.recency,
+                score=r.score,
+                blocked_reason=(
+                    CONFLICT_OPEN
+                    if r.in_open_conflict
+                    else VOLATILITY_EXPIRED
+                    if r.expired
+                    else None
+                ),
+                sources=frozenset(r.source_event_ids),
+                cost=budget.line_cost(entry.line),
+                group=entry.group,
+                group_cost=budget.group_cost(entry.group),
+            )
         )
-        for r in rows
-    ]
     restates = {r.id: r.restates for r in rows if r.restates}
     if not restates:
         return candidates
@@ -246,6 +268,7 @@ def _fact_candidates(rows: list[ScoredFact], budget: Budget) -> list[Candidate]:
 
 def _episode_candidate(row: ScoredEpisode, budget: Budget) -> Candidate:
     text = excerpt(row.text, EPISODE_EXCERPT_CHARS)
+    entry = budget.episode_entry(row.occurred_at, row.kind, text)
     return Candidate(
         id=row.id,
         kind=EPISODE,
@@ -256,7 +279,9 @@ def _episode_candidate(row: ScoredEpisode, budget: Budget) -> Candidate:
         score=row.score,
         blocked_reason=SOURCE_FACTS_HIDDEN if row.source_facts_hidden else None,
         context_similarity=row.context_similarity,
-        cost=budget.line_cost(episode_line(row.occurred_at, row.kind, text)),
+        cost=budget.line_cost(entry.line),
+        group=entry.group,
+        group_cost=budget.group_cost(entry.group),
     )
 
 

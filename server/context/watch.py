@@ -256,6 +256,7 @@ class TraceHub:
         # the Runtime; without a counter, packets come without their block).
         self.counter: TokenCounter | None = None
         self.block_budget = True
+        self.block_layout = "dated"
         self._dsn = dsn
         self._pool = pool
         self._watchers: dict[str, set[Watcher]] = {}
@@ -413,7 +414,7 @@ class TraceHub:
     def _budget(self, budget_tokens: int) -> Budget | None:
         if self.counter is None:
             return None
-        return Budget(budget_tokens, self.counter, self.block_budget)
+        return Budget(budget_tokens, self.counter, self.block_budget, self.block_layout)
 
     async def _listen_forever(self) -> None:
         backoff = Backoff(self.reconnect_min, RECONNECT_MAX_SECONDS)

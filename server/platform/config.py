@@ -54,6 +54,11 @@ class ContextSettings:
     #: `SATCHEL_TOKENIZER`, else as characters / 4); `items`, the seed's rule: the sum of the
     #: served texts' estimates (characters / 4), the block around them not counted.
     budget_counts: str = "block"
+    #: How the block lays its items out (server/context/domain/block.py): `dated` says each
+    #: date once (facts under the day they became valid, episodes under their day and kind, a
+    #: time on each), which leaves more of a block budget to the items (benchmarks/locomo.md);
+    #: `lines`, the layout before it, repeats the date and the kind on every line.
+    block_layout: str = "dated"
     #: Two-phase retrieval, phase 1: the K facts taken per source (the nearest by cosine, HNSW;
     #: the best text matches, GIN) before phase 2 scores their union.
     retrieval_top_k: int = 128
@@ -178,6 +183,7 @@ def recall_floor(settings: ContextSettings, model_id: str) -> float:
 
 WEIGHT_FIELDS = ("weight_similarity", "weight_text_rank", "weight_recency")
 BUDGET_COUNTS = ("block", "items")
+BLOCK_LAYOUTS = ("dated", "lines")
 RANKING_WEIGHTS: dict[str, tuple[float, float, float]] = {
     "hybrid": (0.7, 0.3, 0.02),  # measured on LoCoMo (benchmarks/locomo.md)
     "seed": (0.6, 0.25, 0.15),  # the seed's formula
@@ -415,6 +421,7 @@ class Settings:
             (c.recency_tau_days > 0, "SATCHEL_RECENCY_TAU_DAYS must be positive"),
             (c.ranking in RANKING_WEIGHTS, "SATCHEL_RANKING is hybrid|seed"),
             (c.budget_counts in BUDGET_COUNTS, "SATCHEL_BUDGET_COUNTS is block|items"),
+            (c.block_layout in BLOCK_LAYOUTS, "SATCHEL_BLOCK_LAYOUT is dated|lines"),
             *(
                 (
                     math.isfinite(getattr(c, name)) and getattr(c, name) >= 0,

@@ -69,6 +69,7 @@ class Runtime:
             # watched packets are rendered as the calls rendered them
             self.traces.counter = self.tokens
             self.traces.block_budget = context.budget_counts == "block"
+            self.traces.block_layout = context.block_layout
 
     def forget_scope(self, project_id: str, subject_id: str | None) -> None:
         """Drop what this server holds in memory of a scope whose rows it just deleted (of

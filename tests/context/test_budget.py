@@ -5,11 +5,14 @@ its counter. Real server, embedded PostgreSQL, the bundled model."""
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import timestamp_pb2
 from helpers.memory import event_request
 from helpers.memory import stub as memory_stub
 from helpers.paths import ROOT
@@ -103,3 +106,50 @@ async def test_a_tokenizer_that_is_not_one_stops_the_server(
     with pytest.raises(ConfigError, match=r"is not a tokenizer\.json"):
         async with running(settings, tokenizer=broken):
             pass
+
+
+def _stamp(instant: datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(instant)
+    return stamp
+
+
+async def test_the_dated_layout_says_each_day_once_and_serves_more_than_lines(
+    settings: Settings, project_id: str
+) -> None:
+    """The default block groups episodes under their day and kind (one header a group, charged
+    with its first line); the one-line layout (SATCHEL_BLOCK_LAYOUT=lines) stays reachable and,
+    repeating the date and kind on every line, serves fewer items in the same budget."""
+    start = datetime(2024, 5, 2, 8, 0, tzinfo=UTC)
+    rng = random.Random(41)
+    events = [
+        event_request(
+            project_id,
+            payload={"speaker": "Caroline", "text": " ".join(rng.choices(WORDS, k=6))},
+            occurred_at=_stamp(start + timedelta(days=i % 3, minutes=i)),
+        )
+        for i in range(30)
+    ]
+    served = {}
+    for layout in ("dated", "lines"):
+        context = replace(settings.context, block_layout=layout)
+        async with running(settings, context=context) as server, channel_to(server) as channel:
+            if layout == "dated":
+                await memory_stub(channel).BatchRecordEvents(
+                    memory_pb2.BatchRecordEventsRequest(requests=events)
+                )
+            reply = await assemble(channel, project_id, "garden violin Lisbon", budget_tokens=250)
+        packet = reply.packet
+        assert packet.tokens_used == max(1, len(packet.block) // 4) <= 250
+        lines = packet.block.splitlines()
+        items = [line for line in lines if line.startswith("- ")]
+        assert len(items) == len(packet.episodes) > 0
+        if layout == "dated":
+            headers = [line for line in lines if line.endswith(", conversation.message:")]
+            days = [header.split(",")[0] for header in headers]
+            assert days == sorted(set(days)) and len(days) > 1, lines
+            assert all(re.match(r"- \d\d:\d\d Caroline: ", line) for line in items), items
+        else:
+            assert all(line.startswith("- [2024-05-0") for line in items), items
+        served[layout] = len(packet.episodes)
+    assert served["dated"] > served["lines"], served

@@ -9,7 +9,7 @@ import signal
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -17,9 +17,10 @@ import psycopg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers.memory import event_request, expect_error
 from helpers.memory import stub as memory_stub
-from helpers.servers import SATCHEL, logged_port, poll
+from helpers.servers import SATCHEL, channel_to, logged_port, poll, running
 from test_context import CAROLINE, assert_facts, context_stub
 
+from satchel.server.platform.config import Settings
 from satchel.v1 import context_pb2 as pb
 
 # A watcher that never reads: no BDP probing, so its HTTP/2 window stays small and fills.
@@ -74,6 +75,24 @@ async def stream_call(channel: grpc.aio.Channel, project_id: str, subject_id: st
     messages = [m async for m in context_stub(channel).StreamContext(request)]
     decisions = [m.decision for m in messages if m.HasField("decision")]
     return messages[-1].trace_id, decisions, messages[-1].packet
+
+
+async def test_a_watched_packet_keeps_the_servers_block_layout(
+    settings: Settings, project_id: str
+) -> None:
+    lines = replace(settings.context, block_layout="lines")
+    async with running(settings, context=lines) as server, channel_to(server) as channel:
+        await assert_facts(channel, project_id, CAROLINE)
+        await memory_stub(channel).RecordEvent(
+            event_request(project_id, payload={"speaker": "Caroline", "text": "Lisbon is sunny"})
+        )
+        watcher = watch(channel, project_id)
+        await watcher.initial_metadata()
+        trace_id, _, packet = await stream_call(channel, project_id, "user-1", "Lisbon?")
+        (seen,) = await receive(watcher, 1)
+        watcher.cancel()
+    assert seen.trace_id == trace_id and seen.packet == packet
+    assert packet.episodes and "\n- [" in packet.block, packet.block  # the one-line layout
 
 
 async def test_a_watcher_on_one_replica_sees_the_calls_of_another_filtered(

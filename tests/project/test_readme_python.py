@@ -133,13 +133,17 @@ def memory_blocks(printed: list[str]) -> list[list[str]]:
     return blocks
 
 
+SECTION_ENDS = ("Relevant past episodes:", "Notes:", MEMORY_CLOSE)
+
+
 def served_facts(block: list[str]) -> list[str]:
-    """The fact lines of a memory block, without their "- " and their notes in parentheses."""
+    """The fact lines of a memory block, without their "- ", their notes in parentheses and
+    the day headers above them."""
     if "Known facts:" not in block:
         return []
     facts = block[block.index("Known facts:") + 1 :]
-    facts = facts[: next((i for i, f in enumerate(facts) if not f.startswith("- ")), len(facts))]
-    return [re.sub(r" \(.*\)$", "", f.removeprefix("- ")) for f in facts]
+    facts = facts[: next((i for i, f in enumerate(facts) if f in SECTION_ENDS), len(facts))]
+    return [re.sub(r" \(.*\)$", "", f.removeprefix("- ")) for f in facts if f.startswith("- ")]
 
 
 def check_sdk_tour(code: str, namespace: dict[str, Any], printed: list[str]) -> None:

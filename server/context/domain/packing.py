@@ -69,7 +69,8 @@ class Candidate:
     `context_similarity`: for an episode ranked by its neighbour, that neighbour's similarity,
     which the relevance floor reads instead of its own when higher. `cost`: the tokens it
     costs the budget (its line of the block, `block.py`); None: the estimate of its `text`
-    (the seed's items budget).
+    (the seed's items budget). `group`: the header its line sits under in the block ("":
+    none), which costs `group_cost` more with the group's first item.
     """
 
     id: str
@@ -83,6 +84,8 @@ class Candidate:
     sources: frozenset[str] = frozenset()
     context_similarity: float = 0.0
     cost: int | None = None
+    group: str = ""
+    group_cost: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -146,6 +149,7 @@ class Packer:
         self._served_fact_sources: set[str] = set()
         self._costs = costs
         self._included_kinds: set[str] = set()
+        self._included_groups: set[tuple[str, str]] = set()
 
     @property
     def budget_tokens(self) -> int:
@@ -248,19 +252,24 @@ class Packer:
 
     def _cost(self, candidate: Candidate) -> int:
         """What including `candidate` spends: its tokens, and with block costs the tags of the
-        block (the first line served) and its section's header (the first of its kind)."""
+        block (the first line served), its section's header (the first of its kind) and its
+        group's header (the first of its group)."""
         costs = self._costs
         if costs is None:
             return candidate.tokens
         extra = costs.wrapper if not self._included else 0
         if candidate.kind not in self._included_kinds:
             extra += costs.facts_header if candidate.kind == FACT else costs.episodes_header
+        if candidate.group and (candidate.kind, candidate.group) not in self._included_groups:
+            extra += candidate.group_cost
         return candidate.tokens + extra
 
     def _include(self, candidate: Candidate, reason: str) -> Decision:
         self._used += self._cost(candidate)
         self._included.append(candidate)
         self._included_kinds.add(candidate.kind)
+        if candidate.group:
+            self._included_groups.add((candidate.kind, candidate.group))
         if candidate.kind == EPISODE:
             self._served_episodes.add(candidate.id)
         else:
