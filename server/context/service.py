@@ -166,6 +166,7 @@ class Budget:
         return self.counter.bound(group) if self.block and group else 0
 
     def fact_entry(self, fact: ServedFact | ScoredFact) -> Entry:
+        """The fact's place in this call's block layout."""
         return fact_entry(
             fact.statement,
             fact.predicate,
@@ -176,6 +177,7 @@ class Budget:
         )
 
     def episode_entry(self, occurred_at: datetime | None, kind: str, excerpt: str) -> Entry:
+        """The episode's place in this call's block layout."""
         return episode_entry(occurred_at, kind, excerpt, self.layout)
 
     @property

@@ -27,6 +27,23 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+def candidate(key: str, kind: str, entry: Entry, score: float) -> Candidate:
+    """A candidate whose line and group header are `entry`'s, charged as chars/4 bounds them."""
+    counter = CharacterEstimate()
+    return Candidate(
+        id=key,
+        kind=kind,
+        text=entry.line,
+        similarity=0.9,
+        text_rank=0.0,
+        recency=0.0,
+        score=score,
+        cost=counter.bound(entry.line),
+        group=entry.group,
+        group_cost=counter.bound(entry.group) if entry.group else 0,
+    )
+
+
 def served(layout: str) -> tuple[list[Entry], list[Entry]]:
     """Facts and episodes in the packet's order (by score), dated and not."""
     facts = [
@@ -131,18 +148,7 @@ def test_packing_charges_the_tags_headers_and_groups_so_the_block_fits(layout: s
             at(f"2024-05-0{2 + i % 2}T08:3{i}:00"), "message", "We planted tomatoes " * 3, layout
         )
     candidates = [
-        Candidate(
-            id=key,
-            kind=EPISODE if key.startswith("e") else FACT,
-            text=entry.line,
-            similarity=0.9,
-            text_rank=0.0,
-            recency=0.0,
-            score=1.0 - n / 10,
-            cost=counter.bound(entry.line),
-            group=entry.group,
-            group_cost=counter.bound(entry.group) if entry.group else 0,
-        )
+        candidate(key, EPISODE if key.startswith("e") else FACT, entry, 1.0 - n / 10)
         for n, (key, entry) in enumerate(entries.items())
     ]
     for budget in range(5, 200, 3):
@@ -170,21 +176,7 @@ def test_a_group_header_is_charged_once_with_its_first_item() -> None:
     same_day = [
         episode_entry(at(f"2024-05-02T08:3{i}:00"), "message", f"line {i}", DATED) for i in range(3)
     ]
-    candidates = [
-        Candidate(
-            id=f"e{i}",
-            kind=EPISODE,
-            text=e.line,
-            similarity=0.9,
-            text_rank=0.0,
-            recency=0.0,
-            score=1.0 - i / 10,
-            cost=counter.bound(e.line),
-            group=e.group,
-            group_cost=counter.bound(e.group),
-        )
-        for i, e in enumerate(same_day)
-    ]
+    candidates = [candidate(f"e{i}", EPISODE, e, 1.0 - i / 10) for i, e in enumerate(same_day)]
     costs = BlockCosts.of(counter)
     packer = Packer(1000, costs=costs)
     list(packer.pack(candidates))
