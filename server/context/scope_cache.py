@@ -17,8 +17,11 @@ when the cache is full a copy is loaded, and kept, only if the copies it would p
 least recently read first) were read less often lately; otherwise the calls go on with the
 statements and it is asked again at a later read. Without it, a server reading more scopes in
 turn than it can hold would load every copy and drop it before its next read, and be slower
-than with no cache at all (benchmarks/context.md). One load runs at a time, from the primary;
-a version is loaded at most once (a copy too large, a failed load or a lagging replica's
+than with no cache at all (benchmarks/context.md). One load runs at a time, from the primary,
+and the loader rests between loads so that loading takes at most `load_share` of its time
+(a load reads and builds a copy beside the calls, on the same cores: a burst of loads, as when
+many scopes are read for the first time, would otherwise slow the calls it is meant to speed
+up); a version is loaded at most once (a copy too large, a failed load or a lagging replica's
 version is not asked for again), unless its copy was dropped or turned away for room.
 
 Erasure: a copy found at an older version is dropped at once, and a deletion (DeleteEvent,
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -77,10 +81,17 @@ class ScopeCacheStats:
 class ScopeCache:
     """Scopes' events and facts held in memory, each at the version it was loaded."""
 
-    def __init__(self, pool: AsyncConnectionPool, max_bytes: int, max_rows: int) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        max_bytes: int,
+        max_rows: int,
+        load_share: float = 1.0,
+    ) -> None:
         self._pool = pool
         self.max_bytes = max_bytes
         self.max_rows = max_rows
+        self.load_share = load_share
         self._scopes: OrderedDict[ScopeKey, Held] = OrderedDict()
         self._sightings: OrderedDict[ScopeKey, _Sighting] = OrderedDict()
         self._queue: OrderedDict[ScopeKey, None] = OrderedDict()  # an ordered set
@@ -155,10 +166,16 @@ class ScopeCache:
             self._loader = asyncio.create_task(self._load_queued(), name="scope-cache-load")
 
     async def _load_queued(self) -> None:
+        loading_seconds = 0.0  # the last load's
         while self._queue:
+            if loading_seconds and self.load_share < 1:  # rest: loading keeps to its share
+                await asyncio.sleep(loading_seconds * (1 - self.load_share) / self.load_share)
+                if not self._queue:
+                    break
             key, _ = self._queue.popitem(last=False)
             kind, project_id, subject_id = key
             self._loading, self._loading_erased = key, False
+            started = time.monotonic()
             try:
                 async with autocommit(self._pool) as conn:
                     held = await _LOADERS[kind](conn, project_id, subject_id, self.max_rows)
@@ -167,6 +184,7 @@ class ScopeCache:
                 continue
             finally:
                 self._loading = None
+                loading_seconds = time.monotonic() - started
             self.stats[kind].loads += 1
             if self._loading_erased:
                 continue

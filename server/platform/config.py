@@ -130,6 +130,11 @@ class ContextSettings:
     #: only for scopes scored exactly, so their effective limit is the smaller of this and
     #: `SATCHEL_EXACT_SCOPE_MAX`.
     scope_cache_max_rows: int = 50_000
+    #: Hybrid: the most of its time the scope cache's loader spends loading, in (0, 1]: after
+    #: a load it rests so long that loads queued in a burst (many scopes read for the first
+    #: time) do not slow the calls beside them on the same cores (benchmarks/context.md); `1`:
+    #: no rest.
+    scope_cache_load_share: float = 0.25
     #: Hybrid: of two facts with one predicate at least this close (cosine), the newer ranks
     #: first (a value stated again later; server/context/domain/updates.py); `0`: off.
     newer_wins_similarity: float = 0.6
@@ -432,6 +437,10 @@ class Settings:
             (c.episode_pool >= 1, "SATCHEL_EPISODE_POOL must be positive"),
             (c.scope_cache_mb >= 0, "SATCHEL_SCOPE_CACHE_MB must not be negative"),
             (c.scope_cache_max_rows >= 0, "SATCHEL_SCOPE_CACHE_MAX_ROWS must not be negative"),
+            (
+                0 < c.scope_cache_load_share <= 1,
+                "SATCHEL_SCOPE_CACHE_LOAD_SHARE must be in (0, 1]",
+            ),
             (
                 0.0 <= c.newer_wins_similarity <= 1.0,
                 "SATCHEL_NEWER_WINS_SIMILARITY must be in [0, 1]",

@@ -62,7 +62,10 @@ class Runtime:
         self.tokens = counter_of(self.settings)
         context = self.settings.context
         self.scope_cache = ScopeCache(
-            self.pool, context.scope_cache_mb * 2**20, context.scope_cache_max_rows
+            self.pool,
+            context.scope_cache_mb * 2**20,
+            context.scope_cache_max_rows,
+            context.scope_cache_load_share,
         )
         if self.traces is not None:  # deletions this server hears of (other servers' too)
             self.traces.on_erasure(self.scope_cache.forget)

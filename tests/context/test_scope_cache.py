@@ -7,7 +7,9 @@ within its bounds."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +20,7 @@ from helpers.memory import event_request, fact_request
 from helpers.memory import stub as memory_stub
 from test_context import SUBJECT, assemble, ts
 
+from satchel.server.context import scope_cache
 from satchel.server.context import service as assembly
 from satchel.server.context.domain.episode_ranking import ScopeEvents
 from satchel.server.context.domain.fact_ranking import FactRanking
@@ -451,6 +454,46 @@ async def test_a_cache_full_of_scopes_read_in_turn_stops_loading(
     stats = index.stats[EVENTS]
     assert stats.loads == 2 and stats.evictions == 0 and len(index) == 2
     assert stats.hits == 2 * 3 and stats.rejected == 4 * 4
+
+
+async def test_the_loader_rests_between_loads_to_keep_its_share_of_time(
+    channel: grpc.aio.Channel, project_id: str, server, monkeypatch
+) -> None:
+    """Loads queued in a burst run one at a time, each followed by a rest of (1 - share) /
+    share times its duration, so that loading keeps to its share beside the calls."""
+    memory = memory_stub(channel)
+    subjects = [f"burst-{i}" for i in range(4)]
+    for subject in subjects:
+        await memory.RecordEvent(
+            event_request(project_id, subject, payload={"speaker": "Maya", "text": subject})
+        )
+    runtime = server.runtime.value
+    spans: list[tuple[float, float]] = []
+
+    async def timed_load(*args):
+        started = time.monotonic()
+        try:
+            return await load_scope_events(*args)
+        finally:
+            spans.append((started, time.monotonic()))
+
+    monkeypatch.setitem(scope_cache._LOADERS, EVENTS, timed_load)
+    index = ScopeCache(runtime.pool, max_bytes=2**24, max_rows=100, load_share=0.25)
+    versions = {}
+    for subject in subjects:
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(
+                conn, scope_of(project_id, subject), "x", runtime.settings.context
+            )
+        versions[subject] = plan.events_version
+    for _ in range(2):  # a scope is loaded on its second read: four loads queued at once
+        for subject in subjects:
+            index.events(project_id, subject, versions[subject])
+    await index.wait_loaded()
+    assert len(spans) == 4 and len(index) == 4
+    for (start, end), (next_start, _) in itertools.pairwise(spans):
+        assert next_start - end >= 3 * (end - start), "a rest of 3x the load (share 1/4)"
+    assert all(index.events(project_id, s, versions[s]) is not None for s in subjects)
 
 
 async def test_a_scope_beyond_the_event_limit_is_not_held(
