@@ -151,6 +151,11 @@ class Budget:
     block: bool
     layout: str
 
+    @classmethod
+    def of(cls, tokens: int, counter: TokenCounter, context: ContextSettings) -> Budget:
+        """A budget of `tokens` counted as `context` says (SATCHEL_BUDGET_COUNTS, _BLOCK_LAYOUT)."""
+        return cls(tokens, counter, context.budget_counts == "block", context.block_layout)
+
     @cached_property
     def costs(self) -> BlockCosts | None:
         """What packing charges beyond the lines (None: nothing, the items budget); counted
@@ -209,8 +214,7 @@ class Budget:
 
 def budget_of(runtime: Runtime, budget_tokens: int) -> Budget:
     """A call's budget under the server's settings."""
-    cfg = runtime.settings.context
-    return Budget(budget_tokens, runtime.tokens, cfg.budget_counts == "block", cfg.block_layout)
+    return Budget.of(budget_tokens, runtime.tokens, runtime.settings.context)
 
 
 @dataclass(frozen=True)
@@ -237,35 +241,30 @@ class _Timer:
 
 def _fact_candidates(rows: list[ScoredFact], budget: Budget) -> list[Candidate]:
     """The rows as packing candidates; of two statements of one value, the newer ranks first."""
-    candidates = []
-    for r in rows:
-        entry = budget.fact_entry(r)
-        candidates.append(
-            Candidate(
-                id=r.id,
-                kind=FACT,
-                text=r.statement,
-                similarity=r.similarity,
-                text_rank=r.text_rank,
-                recency=r.recency,
-                score=r.score,
-                blocked_reason=(
-                    CONFLICT_OPEN
-                    if r.in_open_conflict
-                    else VOLATILITY_EXPIRED
-                    if r.expired
-                    else None
-                ),
-                sources=frozenset(r.source_event_ids),
-                cost=budget.line_cost(entry.line),
-                group=entry.group,
-                group_cost=budget.group_cost(entry.group),
-            )
-        )
+    candidates = [_fact_candidate(r, budget) for r in rows]
     restates = {r.id: r.restates for r in rows if r.restates}
     if not restates:
         return candidates
     return newer_first(candidates, {r.id: r.since_epoch for r in rows}, restates)
+
+
+def _fact_candidate(row: ScoredFact, budget: Budget) -> Candidate:
+    hidden = VOLATILITY_EXPIRED if row.expired else None
+    entry = budget.fact_entry(row)
+    return Candidate(
+        id=row.id,
+        kind=FACT,
+        text=row.statement,
+        similarity=row.similarity,
+        text_rank=row.text_rank,
+        recency=row.recency,
+        score=row.score,
+        blocked_reason=CONFLICT_OPEN if row.in_open_conflict else hidden,
+        sources=frozenset(row.source_event_ids),
+        cost=budget.line_cost(entry.line),
+        group=entry.group,
+        group_cost=budget.group_cost(entry.group),
+    )
 
 
 def _episode_candidate(row: ScoredEpisode, budget: Budget) -> Candidate:

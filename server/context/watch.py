@@ -32,7 +32,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,6 +51,7 @@ from satchel.server.context.storage import traces as store
 from satchel.server.memory.domain.rendering import excerpt
 from satchel.server.memory.storage.records import ERASURES
 from satchel.server.platform.backoff import Backoff
+from satchel.server.platform.config import ContextSettings
 from satchel.server.platform.tokens import TokenCounter
 
 log = structlog.get_logger(__name__)
@@ -253,10 +254,8 @@ class TraceHub:
         self.listener_pid: int | None = None
         self.reconnect_min = RECONNECT_MIN_SECONDS
         # How the server's calls count their budget, to render watched packets alike (set by
-        # the Runtime; without a counter, packets come without their block).
-        self.counter: TokenCounter | None = None
-        self.block_budget = True
-        self.block_layout = "dated"
+        # the Runtime; without it, packets come without their block).
+        self.budget: Budget | None = None
         self._dsn = dsn
         self._pool = pool
         self._watchers: dict[str, set[Watcher]] = {}
@@ -411,10 +410,12 @@ class TraceHub:
             packet=rebuild_packet(stored, self._budget(stored.call["budget_tokens"])),
         )
 
+    def render_like(self, counter: TokenCounter, context: ContextSettings) -> None:
+        """Render watched packets as this server's calls render theirs."""
+        self.budget = Budget.of(0, counter, context)
+
     def _budget(self, budget_tokens: int) -> Budget | None:
-        if self.counter is None:
-            return None
-        return Budget(budget_tokens, self.counter, self.block_budget, self.block_layout)
+        return None if self.budget is None else replace(self.budget, tokens=budget_tokens)
 
     async def _listen_forever(self) -> None:
         backoff = Backoff(self.reconnect_min, RECONNECT_MAX_SECONDS)

@@ -70,9 +70,7 @@ class Runtime:
         if self.traces is not None:  # deletions this server hears of (other servers' too)
             self.traces.on_erasure(self.scope_cache.forget)
             # watched packets are rendered as the calls rendered them
-            self.traces.counter = self.tokens
-            self.traces.block_budget = context.budget_counts == "block"
-            self.traces.block_layout = context.block_layout
+            self.traces.render_like(self.tokens, context)
 
     def forget_scope(self, project_id: str, subject_id: str | None) -> None:
         """Drop what this server holds in memory of a scope whose rows it just deleted (of

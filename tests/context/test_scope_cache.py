@@ -426,20 +426,14 @@ def test_a_scope_read_more_often_pushes_out_colder_ones() -> None:
     assert index.events("p", "hot", 1) is not None and index.stats[EVENTS].evictions == 1
 
 
-async def test_a_cache_full_of_scopes_read_in_turn_stops_loading(
-    channel: grpc.aio.Channel, project_id: str, server
-) -> None:
-    memory = memory_stub(channel)
-    subjects = [f"turn-{i}" for i in range(6)]
+async def scopes_of_one_event(
+    channel: grpc.aio.Channel, runtime: Runtime, project_id: str, subjects: list[str]
+) -> dict[str, int]:
+    """One event recorded in each subject's scope; each scope's events version then."""
     for subject in subjects:
-        await memory.RecordEvent(
+        await memory_stub(channel).RecordEvent(
             event_request(project_id, subject, payload={"speaker": "Maya", "text": subject})
         )
-    runtime = server.runtime.value
-    async with runtime.pool.connection() as conn:
-        held = await load_scope_events(conn, project_id, subjects[0], 100)
-    assert held is not None
-    index = ScopeCache(runtime.pool, max_bytes=2 * held.nbytes + held.nbytes // 2, max_rows=100)
     versions = {}
     for subject in subjects:
         async with runtime.pool.connection() as conn:
@@ -447,6 +441,19 @@ async def test_a_cache_full_of_scopes_read_in_turn_stops_loading(
                 conn, scope_of(project_id, subject), "x", runtime.settings.context
             )
         versions[subject] = plan.events_version
+    return versions
+
+
+async def test_a_cache_full_of_scopes_read_in_turn_stops_loading(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    subjects = [f"turn-{i}" for i in range(6)]
+    runtime = server.runtime.value
+    versions = await scopes_of_one_event(channel, runtime, project_id, subjects)
+    async with runtime.pool.connection() as conn:
+        held = await load_scope_events(conn, project_id, subjects[0], 100)
+    assert held is not None
+    index = ScopeCache(runtime.pool, max_bytes=2 * held.nbytes + held.nbytes // 2, max_rows=100)
     for _ in range(5):
         for subject in subjects:
             index.events(project_id, subject, versions[subject])
@@ -461,13 +468,9 @@ async def test_the_loader_rests_between_loads_to_keep_its_share_of_time(
 ) -> None:
     """Loads queued in a burst run one at a time, each followed by a rest of (1 - share) /
     share times its duration, so that loading keeps to its share beside the calls."""
-    memory = memory_stub(channel)
     subjects = [f"burst-{i}" for i in range(4)]
-    for subject in subjects:
-        await memory.RecordEvent(
-            event_request(project_id, subject, payload={"speaker": "Maya", "text": subject})
-        )
     runtime = server.runtime.value
+    versions = await scopes_of_one_event(channel, runtime, project_id, subjects)
     spans: list[tuple[float, float]] = []
 
     async def timed_load(*args):
@@ -479,13 +482,6 @@ async def test_the_loader_rests_between_loads_to_keep_its_share_of_time(
 
     monkeypatch.setitem(scope_cache._LOADERS, EVENTS, timed_load)
     index = ScopeCache(runtime.pool, max_bytes=2**24, max_rows=100, load_share=0.25)
-    versions = {}
-    for subject in subjects:
-        async with runtime.pool.connection() as conn:
-            plan = await plan_query(
-                conn, scope_of(project_id, subject), "x", runtime.settings.context
-            )
-        versions[subject] = plan.events_version
     for _ in range(2):  # a scope is loaded on its second read: four loads queued at once
         for subject in subjects:
             index.events(project_id, subject, versions[subject])

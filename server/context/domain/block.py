@@ -99,19 +99,14 @@ def fact_entry(
     else:
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         text = f"{predicate}: {shown}"
-    notes = []
-    dated = layout == DATED and valid_from is not None
-    if valid_from is not None and not dated:
-        notes.append(f"valid from {_day(valid_from)}")
+    day = _day(valid_from) if valid_from is not None else ""
+    grouped = bool(day) and layout == DATED
+    notes = [f"valid from {day}"] if day and not grouped else []
     if 0 < confidence < 1:
         notes.append(f"confidence {confidence:.2f}")
     suffix = f" ({', '.join(notes)})" if notes else ""
     line = f"- {one_line(text)}{suffix}"
-    if not dated:
-        return Entry(line)
-    assert valid_from is not None
-    day = _day(valid_from)
-    return Entry(line, f"since {day}:", (day,))
+    return Entry(line, f"since {day}:", (day,)) if grouped else Entry(line)
 
 
 def episode_entry(
