@@ -4,6 +4,7 @@ Used by `benchmarks/context.py --scopes` (after its per-scope phases) or alone o
 such a run loaded:
 
     .venv/bin/python benchmarks/scope_spread.py DSN [--calls 4000] [--cache-mb 256 0]
+        [--spread round-robin Zipf]
 
 Per spread it starts one `satchel serve` per cache size on the database (subprocesses: their
 RSS is the server's), all at once, then sends each AssembleContext call to every server in
@@ -215,10 +216,18 @@ async def measure_cases(
     return figures
 
 
+SPREADS = ("round-robin", "Zipf")
+
+
 def run_spread(
-    dsn: str, texts: list[str], calls: int, cache_sizes: list[int], exact_scope_max: int = 10_000
+    dsn: str,
+    texts: list[str],
+    calls: int,
+    cache_sizes: list[int],
+    exact_scope_max: int = 10_000,
+    spreads: tuple[str, ...] = SPREADS,
 ) -> None:
-    """Every spread (round-robin, Zipf) over the cache sizes side by side; prints a Markdown
+    """Each spread (round-robin, Zipf) over the cache sizes side by side; prints a Markdown
     table."""
     from satchel.server.embedding import load_embedder
     from satchel.server.platform.config import Settings
@@ -235,7 +244,7 @@ def run_spread(
     print("| spread | cache MB | p50 ms | p95 ms | embedding p50 ms | p50 / embedding |", end="")
     print(" p95 / p50 | hit rate | loads / evictions / turned away | server RSS MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for spread in ("round-robin", "Zipf"):
+    for spread in spreads:
         subjects = list(order(spread, scopes, calls, seed=11))
         cases = asyncio.run(measure_cases(dsn, data_dir, embedder, queries, subjects, cache_sizes))
         for cache_mb, f in zip(cache_sizes, cases, strict=True):
@@ -258,11 +267,13 @@ def main() -> int:
     parser.add_argument("dsn", help="a database loaded by benchmarks/context.py --scopes")
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--cache-mb", type=int, nargs="+", default=[256, 0])
+    parser.add_argument("--spread", nargs="+", choices=SPREADS, default=list(SPREADS))
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from context import questions
 
-    run_spread(args.dsn, questions(200, random.Random(7)), args.calls, args.cache_mb)
+    texts = questions(200, random.Random(7))
+    run_spread(args.dsn, texts, args.calls, args.cache_mb, spreads=tuple(args.spread))
     return 0
 
 

@@ -14,7 +14,8 @@ Bounded: a scope with more than `max_rows` events (or facts) is not held (nor ar
 a scope above SATCHEL_EXACT_SCOPE_MAX, which are not ranked exactly), and the copies stay within
 `max_bytes`. Admission (TinyLFU): a frequency sketch counts every scope's recent reads, and
 when the cache is full a copy is loaded, and kept, only if the copies it would push out (the
-least recently read first) were read less often lately; otherwise the calls go on with the
+least recently read first) were read less often lately (by a margin: see ADMISSION_MARGIN),
+and the loader asks again before it reads; otherwise the calls go on with the
 statements and it is asked again at a later read. Without it, a server reading more scopes in
 turn than it can hold would load every copy and drop it before its next read, and be slower
 than with no cache at all (benchmarks/context.md). One load runs at a time, from the primary,
@@ -55,6 +56,11 @@ _LOADERS = {EVENTS: load_scope_events, FACTS: load_scope_facts}
 # held, as two different states of the scope share it.
 NO_VERSION = 0
 MAX_SIGHTINGS = 65_536  # scopes whose last version read is remembered
+# A scope pushes a copy out only when read more than this many times beyond it lately. Under a
+# round-robin, the copy to go first (the least recently read) is the next one due, so the scope
+# just read is always one read ahead of it: without a margin, each would push the other out in
+# turn, a load and an eviction at every read of a scope not held.
+ADMISSION_MARGIN = 1
 
 
 @dataclass
@@ -150,15 +156,25 @@ class ScopeCache:
         self._sightings.move_to_end(key)
         return None
 
-    def _admits(self, key: ScopeKey) -> bool:
-        """Whether a copy of `key` is worth loading: there is room for a copy of the usual
-        size, or the copy it would push out first was read less often lately."""
+    def _admits(self, key: ScopeKey, nbytes: float | None = None) -> bool:
+        """Whether a copy of `key` (`nbytes`; by default the usual size of a copy held) would be
+        kept: it fits, or each copy it would push out (the least recently read first) was read
+        less often lately, by more than ADMISSION_MARGIN. `put` decides so with the copy's real
+        size; asking it before a load too, as the calls read the copies meanwhile, keeps the
+        loader from reading copies that would be turned away."""
         if not self._scopes:
             return True
-        if self.bytes + self.bytes / len(self._scopes) <= self.max_bytes:
-            return True
-        victim = next(iter(self._scopes))
-        return self.sketch.estimate(key) > self.sketch.estimate(victim)
+        if nbytes is None:
+            nbytes = self.bytes / len(self._scopes)
+        reads = self.sketch.estimate(key)
+        freed = 0
+        for victim, copy in self._scopes.items():
+            if self.bytes - freed + nbytes <= self.max_bytes:
+                return True
+            if victim != key and self.sketch.estimate(victim) + ADMISSION_MARGIN >= reads:
+                return False
+            freed += copy.nbytes
+        return nbytes <= self.max_bytes
 
     def _enqueue(self, key: ScopeKey) -> None:
         self._queue[key] = None
@@ -174,6 +190,11 @@ class ScopeCache:
                     break
             key, _ = self._queue.popitem(last=False)
             kind, project_id, subject_id = key
+            if not self._admits(key):  # its copy would now be turned away: not read
+                self.stats[kind].rejected += 1
+                self._ask_again_queued(key)
+                loading_seconds = 0.0  # nothing read: no rest owed
+                continue
             self._loading, self._loading_erased = key, False
             started = time.monotonic()
             try:
@@ -195,12 +216,17 @@ class ScopeCache:
 
     def put(self, key: ScopeKey, held: Held) -> None:
         """Hold a scope's events or facts, dropping the least recently read beyond the budget
-        when each of them was read less often lately than this scope; otherwise not held."""
+        when each of them was read less often lately than this scope (`_admits`); otherwise not
+        held."""
         previous = self._scopes.pop(key, None)
         if previous is not None:
             self.bytes -= previous.nbytes
         if held.nbytes > self.max_bytes:
             self.stats[key[0]].too_large += 1
+            return
+        if not self._admits(key, held.nbytes):
+            self.stats[key[0]].rejected += 1
+            self._ask_again(key, held.version)
             return
         victims, freed = [], 0
         for victim, copy in self._scopes.items():
@@ -208,11 +234,6 @@ class ScopeCache:
                 break
             victims.append(victim)
             freed += copy.nbytes
-        reads = self.sketch.estimate(key)
-        if any(self.sketch.estimate(victim) >= reads for victim in victims):
-            self.stats[key[0]].rejected += 1
-            self._ask_again(key, held.version)
-            return
         for victim in victims:
             self.stats[victim[0]].evictions += 1
             self._ask_again(victim, self._scopes[victim].version)
@@ -225,6 +246,13 @@ class ScopeCache:
         version, it is asked for again."""
         seen = self._sightings.get(key)
         if seen is not None and seen.version == version:
+            seen.load_asked = False
+
+    def _ask_again_queued(self, key: ScopeKey) -> None:
+        """A queued load of `key` skipped: read again at the version it was asked at, it is
+        asked for again."""
+        seen = self._sightings.get(key)
+        if seen is not None:
             seen.load_asked = False
 
     def forget(self, project_id: str, subject_id: str | None) -> None:

@@ -348,7 +348,7 @@ class Scenario:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             held = " ".join(
-                " ".join(getattr(copy, "texts", []) + getattr(copy, "statements", []))
+                " ".join((*getattr(copy, "texts", ()), *getattr(copy, "statements", ())))
                 for copy in cache.copies(self.project)
             )
             if not any(tag in held for tag in self.erased):

@@ -31,13 +31,14 @@ from satchel.server.context.domain.score import (
 
 @dataclass(frozen=True)
 class ScopeEvents:
-    """A scope's events at one version, in conversation order: (occurred_at, id)."""
+    """A scope's events at one version, in conversation order: (occurred_at, id); rows in
+    tuples and arrays, which the garbage collector stops visiting (as `ScopeFacts`)."""
 
     version: int
-    ids: list[str]
-    kinds: list[str]
-    texts: list[str]
-    occurred_at: list[datetime]
+    ids: tuple[str, ...]
+    kinds: tuple[str, ...]
+    texts: tuple[str, ...]
+    occurred_at: tuple[datetime, ...]
     occurred_us: np.ndarray  # int64 microseconds since the epoch
     vectors: np.ndarray  # float32 (n, dim), as stored
     norms: np.ndarray  # float64 (n,)

@@ -15,11 +15,11 @@ change (`server/context/scope_cache.py`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
@@ -40,16 +40,18 @@ NEVER = np.iinfo(np.int64).max  # an instant after every other (no end, a confli
 @dataclass(frozen=True)
 class ScopeFacts:
     """A scope's active facts at one version, in id order, with what ranking and serving read.
-    Instants are int64 microseconds since the epoch."""
+    Instants are int64 microseconds since the epoch. Rows are held in tuples and arrays, which
+    the garbage collector stops visiting (a list of every statement would be walked at every
+    full collection, tens of milliseconds with hundreds of copies held)."""
 
     version: int
-    ids: list[str]
-    predicates: list[str]
-    values: list[Any]
-    statements: list[str]
-    confidences: list[float]
-    valid_from: list[datetime | None]
-    source_event_ids: list[list[str]]
+    ids: tuple[str, ...]
+    predicates: tuple[str, ...]
+    values: tuple[str, ...]  # JSON text, decoded for the rows a call ranks (`_rows`)
+    statements: tuple[str, ...]
+    confidences: tuple[float, ...]
+    valid_from: tuple[datetime | None, ...]
+    source_event_ids: tuple[tuple[str, ...], ...]
     since_epoch: np.ndarray  # float64: when each became valid (the stored column)
     anchor_us: np.ndarray  # coalesce(valid_from, recorded_from), what staleness counts from
     valid_to_us: np.ndarray  # NEVER when open-ended
@@ -60,7 +62,7 @@ class ScopeFacts:
     postings: Postings  # stemmed lexemes (BM25)
     words: Postings  # the `simple` configuration's words (multi-hop)
     # position -> the (opened, resolved or NEVER) instants of the conflicts it is a member of
-    conflicts: dict[int, list[tuple[int, int]]]
+    conflicts: dict[int, tuple[tuple[int, int], ...]]
     # The events the scope's other facts (superseded, retired) were drawn from.
     inactive_sources: frozenset[str]
 
@@ -70,13 +72,13 @@ class ScopeFacts:
         return {fact_id: i for i, fact_id in enumerate(self.ids)}
 
     @cached_property
-    def drawn_from(self) -> dict[str, list[int]]:
+    def drawn_from(self) -> dict[str, tuple[int, ...]]:
         """The positions of the facts drawn from each event."""
         drawn: dict[str, list[int]] = {}
         for i, events in enumerate(self.source_event_ids):
             for event_id in events:
                 drawn.setdefault(event_id, []).append(i)
-        return drawn
+        return {event_id: tuple(positions) for event_id, positions in drawn.items()}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -258,11 +260,11 @@ class FactRanking:
             ScoredFact(
                 id=facts.ids[i],
                 predicate=facts.predicates[i],
-                value=facts.values[i],
+                value=json.loads(facts.values[i]),
                 statement=facts.statements[i],
                 confidence=facts.confidences[i],
                 valid_from=facts.valid_from[i],
-                source_event_ids=facts.source_event_ids[i],
+                source_event_ids=list(facts.source_event_ids[i]),
                 since_epoch=float(facts.since_epoch[i]),
                 similarity=float(scores.similarity[i]),
                 text_rank=float(scores.text_rank[i]),

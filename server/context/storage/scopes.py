@@ -22,7 +22,7 @@ _MICROS = "(extract(epoch FROM {0}) * 1000000)::int8"
 
 
 # A stemmed document's lexemes and their frequencies (BM25).
-_LEXEMES = """ARRAY(SELECT l.lexeme FROM unnest({d}.lexemes) AS l) AS lexemes,
+_LEXEMES = """tsvector_to_array({d}.lexemes) AS lexemes,
        ARRAY(SELECT greatest(cardinality(l.positions), 1) FROM unnest({d}.lexemes) AS l)
            AS frequencies"""
 
@@ -64,7 +64,8 @@ WITH version AS (
                  AND h.status <> 'active'
            ) AS inactive_sources
 )
-SELECT version.version, version.inactive_sources, f.id::text AS id, f.predicate, f.value,
+SELECT version.version, version.inactive_sources, f.id::text AS id, f.predicate,
+       f.value::text AS value,
        f.statement, f.confidence, f.valid_from, f.source_event_ids::text[] AS source_event_ids,
        f.since_epoch,
        coalesce(isfinite(f.valid_from), true) AND isfinite(f.recorded_from)
@@ -80,7 +81,7 @@ SELECT version.version, version.inactive_sources, f.id::text AS id, f.predicate,
            WHERE m.fact_id = f.id AND m.project_id = f.project_id
        ) AS conflicts,
        f.embedding, f.lexeme_tokens, {_LEXEMES.format(d="f")},
-       ARRAY(SELECT w.lexeme FROM unnest(f.search_vector) AS w) AS words
+       tsvector_to_array(f.search_vector) AS words
 FROM version LEFT JOIN facts f
     ON f.project_id = %(project_id)s AND f.subject_id = %(subject_id)s AND f.status = 'active'
 ORDER BY f.id
@@ -126,10 +127,10 @@ def _scope_events(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeEve
     vectors, norms = _vectors(rows)
     events = ScopeEvents(
         version=int(first["version"]),
-        ids=[r["id"] for r in rows],
-        kinds=[r["kind"] for r in rows],
-        texts=[r["text"] for r in rows],
-        occurred_at=[r["occurred_at"] for r in rows],
+        ids=tuple(r["id"] for r in rows),
+        kinds=tuple(r["kind"] for r in rows),
+        texts=tuple(r["text"] for r in rows),
+        occurred_at=tuple(r["occurred_at"] for r in rows),
         occurred_us=np.array([r["occurred_us"] for r in rows], dtype=np.int64),
         vectors=vectors,
         norms=norms,
@@ -165,13 +166,13 @@ def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFact
 
     facts = ScopeFacts(
         version=int(first["version"]),
-        ids=[r["id"] for r in rows],
-        predicates=[r["predicate"] for r in rows],
-        values=[r["value"] for r in rows],
-        statements=[r["statement"] for r in rows],
-        confidences=[float(r["confidence"]) for r in rows],
-        valid_from=[r["valid_from"] for r in rows],
-        source_event_ids=[list(r["source_event_ids"]) for r in rows],
+        ids=tuple(r["id"] for r in rows),
+        predicates=tuple(r["predicate"] for r in rows),
+        values=tuple(r["value"] for r in rows),
+        statements=tuple(r["statement"] for r in rows),
+        confidences=tuple(float(r["confidence"]) for r in rows),
+        valid_from=tuple(r["valid_from"] for r in rows),
+        source_event_ids=tuple(tuple(r["source_event_ids"]) for r in rows),
         since_epoch=np.array([r["since_epoch"] for r in rows], dtype=np.float64),
         anchor_us=instants("anchor_us", 0),
         valid_to_us=instants("valid_to_us", NEVER),
@@ -182,7 +183,9 @@ def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFact
         postings=postings_of([(r["lexemes"], r["frequencies"]) for r in rows]),
         words=postings_of([_lowered(r["words"]) for r in rows]),
         conflicts={
-            i: [(opened, NEVER if resolved is None else resolved) for opened, resolved in found]
+            i: tuple(
+                (opened, NEVER if resolved is None else resolved) for opened, resolved in found
+            )
             for i, r in enumerate(rows)
             if (found := r["conflicts"])
         },
