@@ -81,7 +81,7 @@ class ScopeCacheStats:
     loads: int = 0
     too_large: int = 0
     evictions: int = 0
-    rejected: int = 0  # not loaded, or not kept: what it would push out is read more often
+    rejected: int = 0  # not loaded, or not kept: what it would push out is read about as often
 
 
 class ScopeCache:
@@ -158,23 +158,29 @@ class ScopeCache:
 
     def _admits(self, key: ScopeKey, nbytes: float | None = None) -> bool:
         """Whether a copy of `key` (`nbytes`; by default the usual size of a copy held) would be
-        kept: it fits, or each copy it would push out (the least recently read first) was read
-        less often lately, by more than ADMISSION_MARGIN. `put` decides so with the copy's real
-        size; asking it before a load too, as the calls read the copies meanwhile, keeps the
-        loader from reading copies that would be turned away."""
+        kept: it fits, or each copy it would push out was read less often lately, by more than
+        ADMISSION_MARGIN. `put` decides so with the copy's real size; asking it before a load
+        too, as the calls read the copies meanwhile, keeps the loader from reading copies that
+        would be turned away."""
         if not self._scopes:
             return True
-        if nbytes is None:
-            nbytes = self.bytes / len(self._scopes)
         reads = self.sketch.estimate(key)
-        freed = 0
+        victims = self._victims(self.bytes / len(self._scopes) if nbytes is None else nbytes)
+        return all(
+            self.sketch.estimate(victim) + ADMISSION_MARGIN < reads
+            for victim in victims
+            if victim != key
+        )
+
+    def _victims(self, nbytes: float) -> list[ScopeKey]:
+        """The copies a copy of `nbytes` would push out, the least recently read first."""
+        victims, freed = [], 0
         for victim, copy in self._scopes.items():
             if self.bytes - freed + nbytes <= self.max_bytes:
-                return True
-            if victim != key and self.sketch.estimate(victim) + ADMISSION_MARGIN >= reads:
-                return False
+                break
+            victims.append(victim)
             freed += copy.nbytes
-        return nbytes <= self.max_bytes
+        return victims
 
     def _enqueue(self, key: ScopeKey) -> None:
         self._queue[key] = None
@@ -192,7 +198,7 @@ class ScopeCache:
             kind, project_id, subject_id = key
             if not self._admits(key):  # its copy would now be turned away: not read
                 self.stats[kind].rejected += 1
-                self._ask_again_queued(key)
+                self._ask_again(key)
                 loading_seconds = 0.0  # nothing read: no rest owed
                 continue
             self._loading, self._loading_erased = key, False
@@ -228,31 +234,18 @@ class ScopeCache:
             self.stats[key[0]].rejected += 1
             self._ask_again(key, held.version)
             return
-        victims, freed = [], 0
-        for victim, copy in self._scopes.items():
-            if self.bytes - freed + held.nbytes <= self.max_bytes:
-                break
-            victims.append(victim)
-            freed += copy.nbytes
-        for victim in victims:
+        for victim in self._victims(held.nbytes):
             self.stats[victim[0]].evictions += 1
             self._ask_again(victim, self._scopes[victim].version)
             self._drop(victim)
         self._scopes[key] = held
         self.bytes += held.nbytes
 
-    def _ask_again(self, key: ScopeKey, version: int) -> None:
-        """A copy of `key` at `version` left (or never entered) for room: read again at its
-        version, it is asked for again."""
+    def _ask_again(self, key: ScopeKey, version: int | None = None) -> None:
+        """A copy of `key` at `version` left (or never entered) for room, or its queued load
+        was skipped (any version): read again at its version, it is asked for again."""
         seen = self._sightings.get(key)
-        if seen is not None and seen.version == version:
-            seen.load_asked = False
-
-    def _ask_again_queued(self, key: ScopeKey) -> None:
-        """A queued load of `key` skipped: read again at the version it was asked at, it is
-        asked for again."""
-        seen = self._sightings.get(key)
-        if seen is not None:
+        if seen is not None and (version is None or seen.version == version):
             seen.load_asked = False
 
     def forget(self, project_id: str, subject_id: str | None) -> None:

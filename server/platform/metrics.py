@@ -309,7 +309,10 @@ class RuntimeCollector(Collector):
             ("loads", "Scopes' events or facts read into memory."),
             ("too_large", "Loads beyond the row limit (or with infinite instants)."),
             ("evictions", "Copies dropped for the memory budget."),
-            ("rejected", "Copies not loaded or kept: those they would push out are read more."),
+            (
+                "rejected",
+                "Copies not loaded or kept: those they would push out are read about as often.",
+            ),
         ):
             family = CounterMetricFamily(f"satchel_scope_cache_{name}", doc, labels=["kind"])
             for kind, stats in cache.stats.items():

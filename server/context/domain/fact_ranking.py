@@ -15,13 +15,13 @@ change (`server/context/scope_cache.py`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 
 import numpy as np
+import orjson
 
 from satchel.server.context.domain.score import (
     Postings,
@@ -47,7 +47,7 @@ class ScopeFacts:
     version: int
     ids: tuple[str, ...]
     predicates: tuple[str, ...]
-    values: tuple[str, ...]  # JSON text, decoded for the rows a call ranks (`_rows`)
+    values: tuple[str, ...]  # JSON text, decoded for the rows a call ranks as the statements do
     statements: tuple[str, ...]
     confidences: tuple[float, ...]
     valid_from: tuple[datetime | None, ...]
@@ -260,7 +260,7 @@ class FactRanking:
             ScoredFact(
                 id=facts.ids[i],
                 predicate=facts.predicates[i],
-                value=json.loads(facts.values[i]),
+                value=orjson.loads(facts.values[i]),
                 statement=facts.statements[i],
                 confidence=facts.confidences[i],
                 valid_from=facts.valid_from[i],
