@@ -10,6 +10,13 @@ and MT-Bench's first turns (data/no_tool_requests/fastchat.json, 60, other autho
    tool (the labelled tasks of the other catalogues, 200 a set) against the shipped unrelated
    requests and Vicuna-bench's; applied to English tasks on top of the default gate (to every
    task with a multilingual model), trained leaving the evaluated catalogue out.
+3. **Talents near generic requests count less** (hubness, as CSLS corrects it): each talent's
+   similarity minus λ x the mean of its k nearest shipped unrelated requests (leaving the
+   request out when it calibrates), the level calibrated on that statistic, the contrast kept.
+4. **The contrast against longer requests too**: the level from the shipped requests, the
+   contrast against the shipped and Vicuna-bench's.
+5. **A lexical level beside the default** (English tasks): the best BM25F over the most the
+   task's words could score, at least its quantile among the shipped requests.
 
 Per row: of each unrelated set, how many of 20 get a talent (mean / worst catalogue); real
 tasks gated (mean / worst labelled set). Uses the vectors cached by talent_selection.py.
@@ -22,6 +29,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,10 +41,19 @@ from datasets import all_sets, chat_requests, off_domain  # noqa: E402
 from talent_selection import candidates, fused_space  # noqa: E402
 from vectors import Vectors  # noqa: E402
 
-from satchel.server.talents.domain.terms import is_english  # noqa: E402
+from satchel.server.talents.domain.terms import is_english, task_terms  # noqa: E402
 from satchel.server.talents.service import unrelated_tasks  # noqa: E402
 
-Rule = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+class Batch(NamedTuple):
+    """Requests to judge: their unit vectors, which are English, and their texts."""
+
+    x: np.ndarray
+    english: np.ndarray
+    texts: list[str]
+
+
+Rule = Callable[[Batch], np.ndarray]
 
 
 def unit(rows: np.ndarray) -> np.ndarray:
@@ -67,7 +84,7 @@ def main() -> None:
         "MT-Bench": [t.text for t in chat_requests() if t.id.startswith("mt_bench")],
     }
     tests = {
-        k: (unit(vectors.queries(v)), np.array([is_english(t) for t in v]))
+        k: Batch(unit(vectors.queries(v)), np.array([is_english(t) for t in v]), v)
         for k, v in unrelated.items()
     }
     shipped = unit(vectors.queries(unrelated_tasks()))
@@ -78,17 +95,19 @@ def main() -> None:
             spaces[dataset.catalogue] = fused_space(candidates(dataset), vectors)
         texts = [t.text for t in dataset.tasks if t.gold]
         english = np.array([is_english(t) for t in texts])
-        sets[dataset.name] = (dataset.catalogue, unit(vectors.queries(texts)), english)
+        real = Batch(unit(vectors.queries(texts)), english, texts)
+        sets[dataset.name] = (dataset.catalogue, real)
 
     def default_gate(catalogue: str, calibration: np.ndarray, q: float, c: float) -> Rule:
         space = spaces[catalogue]
         best = np.maximum(calibration @ space.short.T, calibration @ space.full.T).max(axis=1)
         level = max(float(np.quantile(best, q)), 0.15)
 
-        def passes(x: np.ndarray, english: np.ndarray) -> np.ndarray:
+        def passes(batch: Batch) -> np.ndarray:
+            x = batch.x
             top = np.maximum(x @ space.short.T, x @ space.full.T).max(axis=1)
             contrast = top - (x @ calibration.T).max(axis=1) > c
-            result: np.ndarray = (top >= level) & np.where(english, contrast, True)
+            result: np.ndarray = (top >= level) & np.where(batch.english, contrast, True)
             return result
 
         return passes
@@ -96,11 +115,11 @@ def main() -> None:
     def report(label: str, gate_of: Callable[[str], Rule]) -> None:
         served: dict[str, list[float]] = {k: [] for k in tests}
         gated = []
-        for catalogue, real, english in sets.values():
+        for catalogue, real in sets.values():
             gate = gate_of(catalogue)
-            for k, (x, e) in tests.items():
-                served[k].append(gate(x, e).sum() * 20 / len(x))
-            gated.append(1 - gate(real, english).mean())
+            for k, batch in tests.items():
+                served[k].append(gate(batch).sum() * 20 / len(batch.x))
+            gated.append(1 - gate(real).mean())
         cells = " | ".join(f"{np.mean(v):.1f} / {max(v):.1f}" for v in served.values())
         print(f"| {label} | {cells} | {100 * np.mean(gated):.1f} % / {100 * max(gated):.1f} % |")
 
@@ -114,15 +133,16 @@ def main() -> None:
             report(label, lambda cat, cal=calibration, q=q, c=c: default_gate(cat, cal, q, c))
 
     group = {
-        name: ("acebench" if cat.startswith("acebench") else cat)
-        for name, (cat, _, _) in sets.items()
+        name: ("acebench" if cat.startswith("acebench") else cat) for name, (cat, _) in sets.items()
     }
     negatives = np.vstack([shipped, extra])
     rng = np.random.default_rng(0)
     probes = {}
     for held in set(group.values()):
         train = [n for n in sets if group[n] != held and n != "acebench_en+zh"]
-        positives = np.vstack([sets[n][1][rng.permutation(len(sets[n][1]))[:200]] for n in train])
+        positives = np.vstack(
+            [sets[n][1].x[rng.permutation(len(sets[n][1].x))[:200]] for n in train]
+        )
         x = np.vstack([positives, negatives])
         probes[held] = fit(x, np.r_[np.ones(len(positives)), np.zeros(len(negatives))])
     for threshold in (0.2, 0.3, 0.5):
@@ -132,15 +152,86 @@ def main() -> None:
             held = "acebench" if catalogue.startswith("acebench") else catalogue
             weights = probes[held]
 
-            def passes(x: np.ndarray, english: np.ndarray) -> np.ndarray:
-                p = 1 / (1 + np.exp(-(x @ weights[:-1] + weights[-1])))
-                applies = np.ones(len(x), dtype=bool) if args.model == "e5" else english
-                result: np.ndarray = base(x, english) & (~applies | (p >= t))
+            def passes(batch: Batch) -> np.ndarray:
+                p = 1 / (1 + np.exp(-(batch.x @ weights[:-1] + weights[-1])))
+                every = np.ones(len(batch.x), dtype=bool)
+                applies = every if args.model == "e5" else batch.english
+                result: np.ndarray = base(batch) & (~applies | (p >= t))
                 return result
 
             return passes
 
         report(f"default + tool-intent probe ≥ {threshold}", probed)
+
+    def hubness_gate(catalogue: str, lam: float, k: int, q: float) -> Rule:
+        space = spaces[catalogue]
+        near = np.maximum(shipped @ space.short.T, shipped @ space.full.T)  # (requests, talents)
+        ranked = -np.sort(-near, axis=0)
+        top = ranked[:k].sum(axis=0)
+        hub = top / k
+        inside = near >= ranked[k - 1]  # a request among a talent's k nearest: left out
+        hub_without = (top - np.where(inside, near, 0) + np.where(inside, ranked[k], 0)) / k
+        level = float(np.quantile((near - lam * hub_without).max(axis=1), q))
+
+        def passes(batch: Batch) -> np.ndarray:
+            x = batch.x
+            sims = np.maximum(x @ space.short.T, x @ space.full.T)
+            contrast = sims.max(axis=1) - (x @ shipped.T).max(axis=1) > -0.05
+            result: np.ndarray = ((sims - lam * hub).max(axis=1) >= level) & np.where(
+                batch.english, contrast, True
+            )
+            return result
+
+        return passes
+
+    for lam, q in ((0.5, 0.8), (0.5, 0.85), (1.0, 0.85)):
+        label = f"talents' hubness, λ {lam}, k 5, level {q}, contrast -0.05"
+        report(label, lambda cat, lam=lam, q=q: hubness_gate(cat, lam, 5, q))
+
+    longer = np.vstack([shipped, extra])
+
+    def longer_contrast(catalogue: str, q: float, c: float) -> Rule:
+        space = spaces[catalogue]
+        best = np.maximum(shipped @ space.short.T, shipped @ space.full.T).max(axis=1)
+        level = max(float(np.quantile(best, q)), 0.15)
+
+        def passes(batch: Batch) -> np.ndarray:
+            x = batch.x
+            top = np.maximum(x @ space.short.T, x @ space.full.T).max(axis=1)
+            contrast = top - (x @ longer.T).max(axis=1) > c
+            result: np.ndarray = (top >= level) & np.where(batch.english, contrast, True)
+            return result
+
+        return passes
+
+    for q, c in ((0.75, -0.05), (0.8, -0.05), (0.85, -0.02)):
+        label = f"contrast against shipped + Vicuna, level {q}, contrast {c}"
+        report(label, lambda cat, q=q, c=c: longer_contrast(cat, q, c))
+
+    def word_match(catalogue: str, texts: list[str]) -> np.ndarray:
+        """Each text's best BM25F over the most its words could score, on the catalogue."""
+        space = spaces[catalogue]
+        best = []
+        for text in texts:
+            terms = task_terms(text)
+            scores, most = space.lexical.scores(terms), space.lexical.most(terms)
+            best.append(float(scores.max()) / most if most > 0 and len(scores) else 0.0)
+        return np.array(best)
+
+    def lexical_level(catalogue: str, q: float) -> Rule:
+        base = default_gate(catalogue, shipped, 0.75, -0.05)
+        level = float(np.quantile(word_match(catalogue, unrelated_tasks()), q))
+
+        def passes(batch: Batch) -> np.ndarray:
+            matched = word_match(catalogue, batch.texts) >= level
+            result: np.ndarray = base(batch) & np.where(batch.english, matched, True)
+            return result
+
+        return passes
+
+    for q in (0.4, 0.5):
+        label = f"default + lexical level at the shipped requests' {q}"
+        report(label, lambda cat, q=q: lexical_level(cat, q))
 
 
 if __name__ == "__main__":
