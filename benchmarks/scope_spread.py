@@ -4,7 +4,7 @@ Used by `benchmarks/context.py --scopes` (after its per-scope phases) or alone o
 such a run loaded:
 
     .venv/bin/python benchmarks/scope_spread.py DSN [--calls 4000] [--cache-mb 256 0]
-        [--spread round-robin Zipf]
+        [--spread round-robin Zipf] [--also DSN2 ...]
 
 Per spread it starts one `satchel serve` per cache size on the database (subprocesses: their
 RSS is the server's), all at once, then sends each AssembleContext call to every server in
@@ -20,7 +20,8 @@ half is measured.
 - Zipf: scope of rank r drawn with probability ∝ 1 / r^1.1 (ranks shuffled over the scopes).
 
 `SATCHEL_SPREAD_SERVER`, a command line, starts another build of the server instead (a paired
-run against an earlier commit).
+run against an earlier commit); `--also` serves copies of the database beside it, with the
+same cache sizes (another physical layout of the same rows, say).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,13 +124,13 @@ async def _serving(channel: grpc.aio.Channel, timeout: float = 120) -> None:
 def _start_server(
     dsn: str, data_dir: Path, cache_mb: int
 ) -> tuple[subprocess.Popen[bytes], str, int]:
-    """`satchel serve` on the database with this cache size: the process, its gRPC target,
-    its metrics port."""
+    """`satchel serve` on the database with this cache size (its own data directory): the
+    process, its gRPC target, its metrics port."""
     target, metrics_port = f"127.0.0.1:{_free_port()}", _free_port()
     env = {
         **os.environ,
         "SATCHEL_DATABASE_URL": dsn,
-        "SATCHEL_DATA_DIR": str(data_dir / f"cache-{cache_mb}"),
+        "SATCHEL_DATA_DIR": tempfile.mkdtemp(prefix=f"cache-{cache_mb}-", dir=data_dir),
         "SATCHEL_LISTEN": target,
         "SATCHEL_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
         "SATCHEL_SCOPE_CACHE_MB": str(cache_mb),
@@ -153,19 +155,18 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 
 async def measure_cases(
-    dsn: str,
+    cases: list[tuple[str, int]],
     data_dir: Path,
     embedder: Embedder,
     texts: list[str],
     subjects: list[str],
-    cache_sizes: list[int],
 ) -> list[dict[str, float]]:
-    """One server per cache size, all up at once; each call sent to every server in turn
-    (which goes first alternates), so that they share the machine's noise. The first half of
-    the calls warms up; figures of the second half, per cache size."""
+    """One server per case (a database and a cache size), all up at once; each call sent to
+    every server in turn (which goes first alternates), so that they share the machine's
+    noise. The first half of the calls warms up; figures of the second half, per case."""
     from satchel.v1 import context_pb2, context_pb2_grpc
 
-    servers = [_start_server(dsn, data_dir, mb) for mb in cache_sizes]
+    servers = [_start_server(dsn, data_dir, mb) for dsn, mb in cases]
     channels = [grpc.aio.insecure_channel(target) for _, target, _ in servers]
     try:
         for channel in channels:
@@ -226,9 +227,11 @@ def run_spread(
     cache_sizes: list[int],
     exact_scope_max: int = 10_000,
     spreads: tuple[str, ...] = SPREADS,
+    other_dsns: tuple[str, ...] = (),
 ) -> None:
-    """Each spread (round-robin, Zipf) over the cache sizes side by side; prints a Markdown
-    table."""
+    """Each spread (round-robin, Zipf) over the cache sizes side by side, on `dsn` and on
+    each of `other_dsns` (copies of it: another layout, say) with the same sizes; prints a
+    Markdown table."""
     from satchel.server.embedding import load_embedder
     from satchel.server.platform.config import Settings
 
@@ -237,17 +240,22 @@ def run_spread(
     scopes = exact_scopes(dsn, exact_scope_max)
     rng = random.Random(3)
     queries = [rng.choice(texts) for _ in range(calls)]
+    databases = (dsn, *other_dsns)
+    cases = [(db, mb) for db in databases for mb in cache_sizes]
     print(
         f"\n=== {calls} calls spread over the {len(scopes)} scopes scored exactly"
-        f" (the first {calls // 2} warm up; cache sizes served side by side) ==="
+        f" (the first {calls // 2} warm up; cases served side by side) ==="
     )
-    print("| spread | cache MB | p50 ms | p95 ms | embedding p50 ms | p50 / embedding |", end="")
-    print(" p95 / p50 | hit rate | loads / evictions / turned away | server RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    database = "| database " if other_dsns else ""
+    print(f"| spread {database}| cache MB | p50 ms | p95 ms | embedding p50 ms |", end="")
+    print(" p50 / embedding | p95 / p50 | hit rate | loads / evictions / turned away |", end="")
+    print(" server RSS MB |")
+    print("|---" * (10 + bool(other_dsns)) + "|")
     for spread in spreads:
         subjects = list(order(spread, scopes, calls, seed=11))
-        cases = asyncio.run(measure_cases(dsn, data_dir, embedder, queries, subjects, cache_sizes))
-        for cache_mb, f in zip(cache_sizes, cases, strict=True):
+        figures = asyncio.run(measure_cases(cases, data_dir, embedder, queries, subjects))
+        for (db, cache_mb), f in zip(cases, figures, strict=True):
+            name = f"| {urllib.parse.urlsplit(db).path.lstrip('/')} " if other_dsns else ""
             hit = "-" if cache_mb == 0 else f"{100 * f['hit_rate']:.0f} %"
             churn = (
                 "-"
@@ -255,9 +263,9 @@ def run_spread(
                 else f"{f['loads']:.0f} / {f['evictions']:.0f} / {f['rejected']:.0f}"
             )
             print(
-                f"| {spread} | {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} | {f['embed']:.1f} |"
-                f" {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} | {hit} | {churn} |"
-                f" {f['rss']:.0f} |",
+                f"| {spread} {name}| {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} |"
+                f" {f['embed']:.1f} | {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} |"
+                f" {hit} | {churn} | {f['rss']:.0f} |",
                 flush=True,
             )
 
@@ -268,12 +276,22 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--cache-mb", type=int, nargs="+", default=[256, 0])
     parser.add_argument("--spread", nargs="+", choices=SPREADS, default=list(SPREADS))
+    parser.add_argument(
+        "--also", nargs="+", default=[], metavar="DSN", help="copies of the database, side by side"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from context import questions
 
     texts = questions(200, random.Random(7))
-    run_spread(args.dsn, texts, args.calls, args.cache_mb, spreads=tuple(args.spread))
+    run_spread(
+        args.dsn,
+        texts,
+        args.calls,
+        args.cache_mb,
+        spreads=tuple(args.spread),
+        other_dsns=tuple(args.also),
+    )
     return 0
 
 
