@@ -98,15 +98,24 @@ def main() -> None:
         real = Batch(unit(vectors.queries(texts)), english, texts)
         sets[dataset.name] = (dataset.catalogue, real)
 
-    def default_gate(catalogue: str, calibration: np.ndarray, q: float, c: float) -> Rule:
+    def default_gate(
+        catalogue: str,
+        calibration: np.ndarray,
+        q: float,
+        c: float,
+        contrasted: np.ndarray | None = None,
+    ) -> Rule:
+        """The level at quantile `q` of the `calibration` requests' best similarities, and for
+        English tasks the contrast `c` against the `contrasted` requests (by default, those)."""
         space = spaces[catalogue]
+        against = calibration if contrasted is None else contrasted
         best = np.maximum(calibration @ space.short.T, calibration @ space.full.T).max(axis=1)
         level = max(float(np.quantile(best, q)), 0.15)
 
         def passes(batch: Batch) -> np.ndarray:
             x = batch.x
             top = np.maximum(x @ space.short.T, x @ space.full.T).max(axis=1)
-            contrast = top - (x @ calibration.T).max(axis=1) > c
+            contrast = top - (x @ against.T).max(axis=1) > c
             result: np.ndarray = (top >= level) & np.where(batch.english, contrast, True)
             return result
 
@@ -189,24 +198,9 @@ def main() -> None:
         report(label, lambda cat, lam=lam, q=q: hubness_gate(cat, lam, 5, q))
 
     longer = np.vstack([shipped, extra])
-
-    def longer_contrast(catalogue: str, q: float, c: float) -> Rule:
-        space = spaces[catalogue]
-        best = np.maximum(shipped @ space.short.T, shipped @ space.full.T).max(axis=1)
-        level = max(float(np.quantile(best, q)), 0.15)
-
-        def passes(batch: Batch) -> np.ndarray:
-            x = batch.x
-            top = np.maximum(x @ space.short.T, x @ space.full.T).max(axis=1)
-            contrast = top - (x @ longer.T).max(axis=1) > c
-            result: np.ndarray = (top >= level) & np.where(batch.english, contrast, True)
-            return result
-
-        return passes
-
     for q, c in ((0.75, -0.05), (0.8, -0.05), (0.85, -0.02)):
         label = f"contrast against shipped + Vicuna, level {q}, contrast {c}"
-        report(label, lambda cat, q=q, c=c: longer_contrast(cat, q, c))
+        report(label, lambda cat, q=q, c=c: default_gate(cat, shipped, q, c, longer))
 
     def word_match(catalogue: str, texts: list[str]) -> np.ndarray:
         """Each text's best BM25F over the most its words could score, on the catalogue."""

@@ -164,8 +164,12 @@ class ScopeCache:
         would be turned away."""
         if not self._scopes:
             return True
+        usual = self.bytes / len(self._scopes)
+        return self._outreads(key, self._victims(usual if nbytes is None else nbytes))
+
+    def _outreads(self, key: ScopeKey, victims: list[ScopeKey]) -> bool:
+        """Whether `key` was read lately more than ADMISSION_MARGIN times beyond each victim."""
         reads = self.sketch.estimate(key)
-        victims = self._victims(self.bytes / len(self._scopes) if nbytes is None else nbytes)
         return all(
             self.sketch.estimate(victim) + ADMISSION_MARGIN < reads
             for victim in victims
@@ -222,19 +226,19 @@ class ScopeCache:
 
     def put(self, key: ScopeKey, held: Held) -> None:
         """Hold a scope's events or facts, dropping the least recently read beyond the budget
-        when each of them was read less often lately than this scope (`_admits`); otherwise not
-        held."""
+        when this scope outreads each of them (`_outreads`); otherwise not held."""
         previous = self._scopes.pop(key, None)
         if previous is not None:
             self.bytes -= previous.nbytes
         if held.nbytes > self.max_bytes:
             self.stats[key[0]].too_large += 1
             return
-        if not self._admits(key, held.nbytes):
+        victims = self._victims(held.nbytes)
+        if not self._outreads(key, victims):
             self.stats[key[0]].rejected += 1
             self._ask_again(key, held.version)
             return
-        for victim in self._victims(held.nbytes):
+        for victim in victims:
             self.stats[victim[0]].evictions += 1
             self._ask_again(victim, self._scopes[victim].version)
             self._drop(victim)
