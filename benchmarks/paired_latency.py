@@ -27,7 +27,7 @@ from pathlib import Path
 
 import grpc
 
-from satchel.server.evaluation import locomo
+from satchel.server.evaluation import datasets, locomo
 from satchel.v1 import context_pb2, context_pb2_grpc
 
 WARMUP = 30
@@ -49,7 +49,7 @@ def _summary(name: str, latencies: list[float]) -> str:
 async def run(a: str, b: str, project: str, data: Path, rounds: int) -> None:
     questions = [
         (conversation.sample_id, question.text)
-        for conversation in locomo.load_conversations(data)
+        for conversation in datasets.load(data)[1]
         for question in conversation.questions
     ]
     async with grpc.aio.insecure_channel(a) as channel_a, grpc.aio.insecure_channel(b) as channel_b:

@@ -2,7 +2,8 @@
 # satchel beside the peers on the LoCoMo dev data, one table, one command (after scripts/setup
 # and benchmarks/peers/setup.sh): satchel's own evaluation in the project's .venv, then the
 # peers in theirs (Mem0 and satchel's server need protobuf versions that cannot share one).
-#   bash benchmarks/peers/compare.sh [--json] [--systems txtai …]
+#   bash benchmarks/peers/compare.sh [--json] [--systems txtai …] [--data PATH]
+# --data: another LoCoMo file, or REALTALK's data folder (then `satchel eval realtalk`).
 # satchel runs as it is deployed: a `satchel serve` process (embedded PostgreSQL on a scratch
 # data directory, removed afterwards) that the harness calls over gRPC from its own process.
 # SATCHEL_COMPARE_IN_PROCESS=1 runs the server inside the harness instead (one event loop for
@@ -24,8 +25,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+suite=(locomo)
+args=("$@")
+for i in "${!args[@]}"; do
+  if [[ "${args[$i]}" == --data ]]; then
+    given="${args[$((i + 1))]}"
+    if [[ -d "$given" ]]; then suite=(realtalk); fi
+    suite+=(--data "$given")
+  fi
+done
+
 if [[ "${SATCHEL_COMPARE_IN_PROCESS:-0}" == 1 ]]; then
-  .venv/bin/satchel eval locomo --json --no-baselines > "$report"
+  .venv/bin/satchel eval "${suite[@]}" --json --no-baselines > "$report"
 else
   data="$(mktemp -d /var/tmp/satchel-compare-XXXXXX)"
   port="$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
@@ -39,6 +50,6 @@ else
     kill -0 "$server" 2>/dev/null || { cat "$data/serve.log" >&2; exit 1; }
     sleep 0.5
   done
-  .venv/bin/satchel eval locomo --address "127.0.0.1:$port" --json --no-baselines > "$report"
+  .venv/bin/satchel eval "${suite[@]}" --address "127.0.0.1:$port" --json --no-baselines > "$report"
 fi
 benchmarks/peers/.venv/bin/python benchmarks/peers/run.py --satchel "$report" "$@"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from satchel.server.embedding.fastembed_adapter import FastEmbedEmbedder
-from satchel.server.evaluation import locomo
+from satchel.server.evaluation import datasets, locomo
 from satchel.server.evaluation.locomo import ADVERSARIAL, CATEGORIES, Conversation
 from satchel.server.evaluation.metrics import (
     Bm25,
@@ -350,9 +350,8 @@ def main() -> int:
         os.environ.setdefault(name, value)
     logging.basicConfig(level=logging.ERROR)
     chosen = [s for s in SYSTEMS if not args.systems or s.key in args.systems]
-    conversations = locomo.select(
-        locomo.load_conversations(args.data), args.conversations, args.limit_questions
-    )
+    dataset, loaded = datasets.load(args.data)
+    conversations = locomo.select(loaded, args.conversations, args.limit_questions)
     runnable = [s for s in chosen if unavailable(s) is None]
 
     def progress(message: str) -> None:
@@ -371,6 +370,7 @@ def main() -> int:
     questions = sum(1 for c in conversations for q in c.questions if q.evidence)
     report = {
         "run": {
+            "dataset": dataset,
             "data": str(args.data),
             "conversations": [c.sample_id for c in conversations],
             "questions_with_evidence": questions,
@@ -386,8 +386,8 @@ def main() -> int:
     else:
         run = report["run"]
         print(
-            f"LoCoMo {Path(run['data']).name}: {len(run['conversations'])} conversations, "
-            f"{questions} questions with evidence, {BUDGET} tokens, {run['embedding_model']}"
+            f"{run['dataset']} {Path(run['data']).name}: {len(run['conversations'])} conversations,"
+            f" {questions} questions with evidence, {BUDGET} tokens, {run['embedding_model']}"
         )
         print(table(results))
     return 0

@@ -396,11 +396,13 @@ async def ranked_episodes(
     fetch: Callable[..., Awaitable[Any]],
     events: ScopeEvents | None,
     facts: ScopeFacts | None = None,
+    cfg: ContextSettings | None = None,
 ) -> list[ScoredEpisode]:
     """The scope's best episodes: ranked in memory from the scope's `events` when held,
     otherwise by the episodes statement; whether their facts are all hidden, from the scope's
-    `facts` when held."""
-    cfg = runtime.settings.context
+    `facts` when held. `cfg`: the call's settings (`ContextSettings.for_budget`), else the
+    server's."""
+    cfg = cfg if cfg is not None else runtime.settings.context
     if events is None:
         if not plan.scope_events:  # no statement for a scope that has no events
             return []
@@ -465,7 +467,7 @@ class ContextCall:
         self.runtime = runtime
         self.request = request
         self.trace_id = trace_id
-        self.cfg = runtime.settings.context
+        self.cfg = runtime.settings.context.for_budget(request.budget_tokens)
         self.ranking = ranking_of(self.cfg)
         self.timer = _Timer()
         self.mark = self.timer.started
@@ -547,6 +549,7 @@ class ContextCall:
             self._fetch,
             self.held_events,
             self.held_facts,
+            self.cfg,
         )
         return _Candidates(facts, asyncio.ensure_future(episodes))
 

@@ -1,5 +1,6 @@
 """The LoCoMo harness: load conversations through the public gRPC API, ask every question as a
 context call, measure evidence coverage, and compare with baselines packed into the same budget.
+REALTALK's conversations (`realtalk`, same layout, no observations) run through it too.
 
 Loading: each turn becomes an event (`conversation.message`, payload `{speaker, text}`,
 `occurred_at` from its session's date, turns 15 s apart) and each observation a fact whose
@@ -35,7 +36,7 @@ import structlog
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from satchel.server.embedding.port import Embedder
-from satchel.server.evaluation import locomo
+from satchel.server.evaluation import datasets, locomo
 from satchel.server.evaluation.locomo import CATEGORIES, Conversation, Question
 from satchel.server.evaluation.metrics import (
     Bm25,
@@ -89,6 +90,8 @@ class EvalOptions:
     """What to evaluate and how."""
 
     data: Path = field(default_factory=lambda: locomo.beside_checkout(locomo.DEFAULT_DATA))
+    dataset: str = locomo.NAME
+    """LoCoMo or REALTALK (`datasets.load`): only LoCoMo's report carries published figures."""
     errata: Path | None = None
     conversations: tuple[str, ...] = ()
     limit_questions: int | None = None
@@ -332,6 +335,7 @@ def build_report(
     }
     report: dict[str, Any] = {
         "run": {
+            "dataset": options.dataset,
             "data": str(options.data),
             "errata": str(options.errata) if options.errata else None,
             "errata_corrected_questions": sum(
@@ -347,8 +351,9 @@ def build_report(
         "systems": {s: SYSTEM_LABELS[s] for s in systems},
         "evidence": evidence,
         "recall_at_k": recall_k,
-        "published": PUBLISHED,
     }
+    if options.dataset == locomo.NAME:
+        report["published"] = PUBLISHED
     if options.details:
         report["questions"] = [_details(r) for r in records]
     return report
@@ -461,9 +466,8 @@ async def run(
     error or a cancellation, unless `keep`; `settings.project` in the report says which.
     """
     if conversations is None:
-        conversations = locomo.select(
-            locomo.load_conversations(options.data), options.conversations, options.limit_questions
-        )
+        _, loaded = datasets.load(options.data)
+        conversations = locomo.select(loaded, options.conversations, options.limit_questions)
         if options.errata is not None:
             conversations, _ = locomo.apply_errata(
                 conversations, locomo.load_errata(options.errata)

@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+NAME = "LoCoMo"
+
 DEFAULT_DATA = Path("../shared/data/locomo/locomo_dev.json")
 DEFAULT_ERRATA = Path("../shared/data/locomo/locomo_dev_audit_errata.json")
 """Where a source checkout finds the dev conversations and their errata: relative to the
@@ -205,12 +207,17 @@ def parse_conversation(index: int, sample: Mapping[str, Any]) -> Conversation:
     )
 
 
-def load_conversations(path: Path) -> list[Conversation]:
-    """Every conversation of a LoCoMo JSON file, in file order (ValueError when it holds none)."""
-    records = json.loads(path.read_text())
+def parse_conversations(records: Any) -> list[Conversation]:
+    """Every conversation of a parsed LoCoMo JSON file, in file order (ValueError when it holds
+    none)."""
     if not isinstance(records, list) or not records:
         raise ValueError("expected a non-empty JSON list of LoCoMo conversations")
     return [parse_conversation(i, s) for i, s in enumerate(records)]
+
+
+def load_conversations(path: Path) -> list[Conversation]:
+    """Every conversation of a LoCoMo JSON file, in file order (ValueError when it holds none)."""
+    return parse_conversations(json.loads(path.read_text()))
 
 
 def select(

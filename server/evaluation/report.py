@@ -44,7 +44,8 @@ def render_text(report: dict[str, Any]) -> str:
     original = report["evidence"]["original"]
     first = next(iter(original.values()))["overall"]
     lines = [
-        f"LoCoMo: {len(run['conversations'])} conversation(s) ({', '.join(run['conversations'])}),"
+        f"{run.get('dataset', 'LoCoMo')}: {len(run['conversations'])} conversation(s)"
+        f" ({', '.join(run['conversations'])}),"
         f" {run['questions']} questions, {first['evidence_turns']} gold evidence turns"
         f" ({first['questions_without_evidence']} question(s) without evidence),"
         f" budget {run['budget_tokens']} tokens, clock {run['clock']}",
@@ -78,17 +79,18 @@ def render_text(report: dict[str, Any]) -> str:
         for system, values in report["recall_at_k"]["original"].items():
             cells = "  ".join(f"@{k} {_pct(v)}" for k, v in values.items())
             lines.append(f"  {report['systems'][system]}: {cells}")
-    published = report["published"]
-    dragon = published["dragon_recall_at_k"]
-    lines += [
-        "",
-        f"Published ({published['source']}):",
-        "  DRAGON over turns, recall@k: " + "  ".join(f"@{k} {_pct(v)}" for k, v in dragon.items()),
-        f"  BM25 over turns: recall@5 {_pct(published['bm25_recall_at_5'])}; packed into 900"
-        f" tokens {_pct(published['bm25_packed_900_tokens'])}"
-        f" ({_pct(published['bm25_packed_900_tokens_without_adversarial'])} without"
-        " adversarial)",
-    ]
+    if published := report.get("published"):
+        dragon = published["dragon_recall_at_k"]
+        lines += [
+            "",
+            f"Published ({published['source']}):",
+            "  DRAGON over turns, recall@k: "
+            + "  ".join(f"@{k} {_pct(v)}" for k, v in dragon.items()),
+            f"  BM25 over turns: recall@5 {_pct(published['bm25_recall_at_5'])}; packed into 900"
+            f" tokens {_pct(published['bm25_packed_900_tokens'])}"
+            f" ({_pct(published['bm25_packed_900_tokens_without_adversarial'])} without"
+            " adversarial)",
+        ]
     timings = run["timings_s"]
     lines.append("")
     lines.append(

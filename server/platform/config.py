@@ -39,6 +39,10 @@ def _default_data_dir() -> Path:
     return Path(base) / "satchel"
 
 
+MAX_DEPTH_SCALE = 8
+"""A call's budget deepens its candidate lists at most this many times (`for_budget`)."""
+
+
 @dataclass(frozen=True)
 class ContextSettings:
     """Knobs of context assembly (weights and limits are configuration, not contract).
@@ -65,6 +69,11 @@ class ContextSettings:
     #: The best facts by score handed to packing: with the default budget the main pass leaves
     #: room for the multi-hop facts and the episodes (measured in benchmarks/locomo.md).
     candidate_limit: int = 24
+    #: `SATCHEL_CANDIDATE_LIMIT`, `SATCHEL_EPISODE_TOP_K` and `SATCHEL_EPISODE_POOL` are the
+    #: depths of a call whose budget is at most this many tokens; a call with a larger budget
+    #: reads proportionally deeper (at most 8 times), so that its budget can be filled
+    #: (benchmarks/locomo.md); `0`: the same depths whatever the budget.
+    depth_budget_tokens: int = 900
     #: A scope with at most this many active facts is scored exactly, fact by fact, in one
     #: statement: below it, that costs less than two phases (benchmarks/context.md).
     exact_scope_max: int = 10_000
@@ -87,8 +96,9 @@ class ContextSettings:
     text_term_max_facts: int = 1024
     #: Two-phase: phase 1 widens until its top N is provably exact (`0`: never widen).
     exact_top_n: int = 10
-    #: The best episodes handed to packing.
-    episode_top_k: int = 24
+    #: The best episodes handed to packing: deep enough that short messages (a chat's) can
+    #: fill the default budget (benchmarks/locomo.md, REALTALK).
+    episode_top_k: int = 48
     #: Leave out what the packet already says: an episode whose event an included fact comes
     #: from, a fact whose source events are all included episodes (`source_already_served`);
     #: `false` serves both.
@@ -158,6 +168,18 @@ class ContextSettings:
             weight_similarity=None,
             weight_text_rank=None,
             weight_recency=None,
+        )
+
+    def for_budget(self, budget_tokens: int) -> ContextSettings:
+        """These settings with the depths of a call of `budget_tokens` (`depth_budget_tokens`)."""
+        if not self.depth_budget_tokens or budget_tokens <= self.depth_budget_tokens:
+            return self
+        scale = min(MAX_DEPTH_SCALE, budget_tokens / self.depth_budget_tokens)
+        return replace(
+            self,
+            candidate_limit=math.ceil(self.candidate_limit * scale),
+            episode_top_k=math.ceil(self.episode_top_k * scale),
+            episode_pool=math.ceil(self.episode_pool * scale),
         )
 
     def __post_init__(self) -> None:
@@ -408,6 +430,7 @@ class Settings:
             (c.default_budget_tokens > 0, "SATCHEL_DEFAULT_BUDGET_TOKENS must be positive"),
             (c.retrieval_top_k > 0, "SATCHEL_RETRIEVAL_TOP_K must be positive"),
             (c.candidate_limit > 0, "SATCHEL_CANDIDATE_LIMIT must be positive"),
+            (c.depth_budget_tokens >= 0, "SATCHEL_DEPTH_BUDGET_TOKENS must not be negative"),
             (c.newest_top_k >= 0, "SATCHEL_NEWEST_TOP_K must not be negative"),
             (c.newest_window >= 0, "SATCHEL_NEWEST_WINDOW must not be negative"),
             (c.exact_scope_max >= 0, "SATCHEL_EXACT_SCOPE_MAX must not be negative"),

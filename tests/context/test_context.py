@@ -416,6 +416,36 @@ async def test_episodes_fill_the_remaining_budget_after_facts(
         assert abs(d.score - (0.6 * d.similarity + 0.15 * d.recency)) < 1e-9
 
 
+async def test_a_larger_budget_reads_deeper_lists_to_fill_it(
+    channel: grpc.aio.Channel, project_id: str, start_server
+) -> None:
+    """Short messages: four episodes a call leave most of a large budget empty, unless the
+    depth follows the budget (SATCHEL_DEPTH_BUDGET_TOKENS)."""
+    for day in range(1, 21):
+        await memory_stub(channel).RecordEvent(
+            event_request(
+                project_id,
+                payload={"speaker": "Ana", "text": f"Piano practice, day {day}: scales again"},
+                occurred_at=ts(datetime(2024, 5, day, tzinfo=UTC)),
+            )
+        )
+    narrow = {"episode_top_k": 4, "episode_pool": 4, "recall_max_distance": 0.0}
+
+    async def served(depth_budget_tokens: int, budget: int) -> tuple[int, int]:
+        async with start_server(**narrow, depth_budget_tokens=depth_budget_tokens) as server:
+            reply = await assemble(
+                server, project_id, "How did Ana's piano practice go?", budget_tokens=budget
+            )
+            trace = await trace_of(server, project_id, reply.trace_id)
+            return len(reply.packet.episodes), len(trace.decisions)
+
+    assert (await served(100, 100))[1] == 4, "at the reference budget, the configured depth"
+    assert await served(0, 600) == (4, 4), "a fixed depth whatever the budget"
+    episodes, decisions = await served(100, 600)
+    assert decisions == 20, "six times the reference budget: 24 asked, the scope's 20 read"
+    assert episodes == 20, "and the short messages fill the budget"
+
+
 async def test_an_episode_whose_fact_is_served_is_left_out(
     channel: grpc.aio.Channel, project_id: str, start_server
 ) -> None:

@@ -7,7 +7,13 @@ import re
 
 import pytest
 
-from satchel.server.platform.config import ConfigError, Settings, unknown_variables
+from satchel.server.platform.config import (
+    MAX_DEPTH_SCALE,
+    ConfigError,
+    ContextSettings,
+    Settings,
+    unknown_variables,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,6 +83,7 @@ def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str)
         ("SATCHEL_SCOPE_INDEX_TOP_K", "0", "SATCHEL_SCOPE_INDEX_TOP_K must be positive"),
         ("SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS", "0", "SATCHEL_SCOPE_INDEX_MAINTENANCE_SECONDS"),
         ("SATCHEL_SCOPE_INDEX_BUILD_MEMORY_MB", "8", "SATCHEL_SCOPE_INDEX_BUILD_MEMORY_MB must be"),
+        ("SATCHEL_DEPTH_BUDGET_TOKENS", "-1", "SATCHEL_DEPTH_BUDGET_TOKENS must not be negative"),
     ],
 )
 def test_bad_values_stop_the_server_naming_the_variable(name: str, raw: str, message: str) -> None:
@@ -133,3 +140,17 @@ def test_running_calls_default_to_the_cores_shared_by_the_processes() -> None:
     assert many.active_calls() == 1
     set_ = Settings.from_env({"SATCHEL_PROCESSES": "2", "SATCHEL_MAX_ACTIVE_CALLS": "3"})
     assert set_.active_calls() == 3
+
+
+def test_a_larger_budget_reads_proportionally_deeper_up_to_a_bound() -> None:
+    base = Settings.from_env({}).context
+    assert (base.depth_budget_tokens, base.candidate_limit, base.episode_top_k) == (900, 24, 48)
+    assert base.for_budget(900) is base and base.for_budget(100) is base
+    double = base.for_budget(1800)
+    assert (double.candidate_limit, double.episode_top_k, double.episode_pool) == (48, 96, 96)
+    assert double.retrieval_top_k == base.retrieval_top_k and double.ranking == base.ranking
+    assert base.for_budget(1000).candidate_limit == 27, "rounded up"
+    widest = base.for_budget(100_000)
+    assert widest.episode_top_k == MAX_DEPTH_SCALE * base.episode_top_k
+    fixed = ContextSettings(depth_budget_tokens=0)
+    assert fixed.for_budget(100_000) is fixed
