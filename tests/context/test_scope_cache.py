@@ -156,9 +156,14 @@ def scope_of(project_id: str, subject_id: str = SUBJECT) -> Scope:
     return Scope(project_id, subject_id, datetime.now(UTC), historical=False)
 
 
-async def both_rankings(runtime, scope: Scope, query: str, events: ScopeEvents):
-    """The episodes of `query` from the statement and from memory (`events` held)."""
+async def both_rankings(
+    runtime, scope: Scope, query: str, events: ScopeEvents, budget: int | None = None
+):
+    """The episodes of `query` from the statement and from memory (`events` held), for a call
+    of `budget` tokens when given (its depths, `ContextSettings.for_budget`)."""
     cfg = runtime.settings.context
+    if budget is not None:
+        cfg = cfg.for_budget(budget)
     vector = await runtime.embed_query(query)
     index = runtime.scope_cache
 
@@ -175,14 +180,16 @@ async def both_rankings(runtime, scope: Scope, query: str, events: ScopeEvents):
     ranking = ranking_of(cfg)
     held = assembly.held_events(runtime, ranking, scope, plan)
     assert held is events
-    from_memory = await assembly.ranked_episodes(runtime, ranking, scope, vector, plan, fetch, held)
+    from_memory = await assembly.ranked_episodes(
+        runtime, ranking, scope, vector, plan, fetch, held, cfg=cfg
+    )
     assert index.stats[EVENTS].hits == hits + 1, "served from memory"
     # With the scope's facts held too, the hidden sources are found in memory.
     async with runtime.pool.connection() as conn:
         facts = await load_scope_facts(conn, scope.project_id, scope.subject_id, 1000)
     assert facts is not None
     all_in_memory = await assembly.ranked_episodes(
-        runtime, ranking, scope, vector, plan, fail, held, facts
+        runtime, ranking, scope, vector, plan, fail, held, facts, cfg
     )
     assert all_in_memory == from_memory
     return from_statement, from_memory
@@ -233,6 +240,12 @@ async def test_episodes_ranked_in_memory_equal_the_statements(
         other = runtime_with(runtime, **overrides)
         for query in QUERIES[:4]:
             assert_same_episodes(*await both_rankings(other, scope, query, events))
+    # A call with a larger budget reads deeper lists, in memory as by the statement.
+    narrow = runtime_with(runtime, episode_pool=3, episode_top_k=2, depth_budget_tokens=100)
+    for query in QUERIES[:4]:
+        expected, actual = await both_rankings(narrow, scope, query, events, budget=300)
+        assert len(expected) > 2
+        assert_same_episodes(expected, actual)
 
 
 async def test_a_scope_read_twice_unchanged_is_then_served_from_memory(
