@@ -17,6 +17,8 @@ and MT-Bench's first turns (data/no_tool_requests/fastchat.json, 60, other autho
    contrast against the shipped and Vicuna-bench's.
 5. **A lexical level beside the default** (English tasks): the best BM25F over the most the
    task's words could score, at least its quantile among the shipped requests.
+6. **A shared word required of English tasks too** (as of tasks in other languages), unless
+   the best similarity reaches a high quantile of the shipped requests'.
 
 Per row: of each unrelated set, how many of 20 get a talent (mean / worst catalogue); real
 tasks gated (mean / worst labelled set). Uses the vectors cached by talent_selection.py.
@@ -226,6 +228,26 @@ def main() -> None:
     for q in (0.4, 0.5):
         label = f"default + lexical level at the shipped requests' {q}"
         report(label, lambda cat, q=q: lexical_level(cat, q))
+
+    def shared_word(catalogue: str, rescue: float | None) -> Rule:
+        """The default, and an English task must also share a word with some talent unless
+        its best similarity reaches the shipped requests' `rescue` quantile."""
+        base = default_gate(catalogue, shipped, 0.75, -0.05)
+        space = spaces[catalogue]
+        best = np.maximum(shipped @ space.short.T, shipped @ space.full.T).max(axis=1)
+        high = np.inf if rescue is None else float(np.quantile(best, rescue))
+
+        def passes(batch: Batch) -> np.ndarray:
+            top = np.maximum(batch.x @ space.short.T, batch.x @ space.full.T).max(axis=1)
+            worded = (word_match(catalogue, batch.texts) > 0) | (top >= high)
+            result: np.ndarray = base(batch) & np.where(batch.english, worded, True)
+            return result
+
+        return passes
+
+    for rescue in (None, 0.95, 1.0):
+        label = f"default + a shared word for English tasks, unless level {rescue}"
+        report(label, lambda cat, r=rescue: shared_word(cat, r))
 
 
 if __name__ == "__main__":
