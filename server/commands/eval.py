@@ -215,8 +215,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description=(
             "Load the LoCoMo conversations through the gRPC API (turns as events, observations"
             f" as facts), {_RUN} satchel does not ship LoCoMo (CC BY-NC 4.0): pass --data with a"
-            " copy of data/locomo10.json from https://github.com/snap-research/LoCoMo (REALTALK's"
-            " data folder is read too)."
+            " copy of data/locomo10.json from https://github.com/snap-research/LoCoMo (REALTALK:"
+            " satchel eval realtalk)."
         ),
     )
     parser.add_argument(

@@ -148,6 +148,21 @@ def turn_ids_in(values: Iterable[Any], known: frozenset[str] | None = None) -> t
     return tuple(found)
 
 
+def parse_questions(
+    prefix: str, records: Iterable[Mapping[str, Any]], known: frozenset[str]
+) -> tuple[Question, ...]:
+    """A conversation's questions, ids `<prefix>_qa<position>`, evidence among `known` turns."""
+    return tuple(
+        Question(
+            question_id=f"{prefix}_qa{position}",
+            text=qa["question"],
+            category=int(qa["category"]),
+            evidence=turn_ids_in(qa.get("evidence", []), known),
+        )
+        for position, qa in enumerate(records)
+    )
+
+
 def _sessions(
     conversation: Mapping[str, Any],
 ) -> list[tuple[int, datetime, list[dict[str, Any]]]]:
@@ -185,15 +200,7 @@ def parse_conversation(index: int, sample: Mapping[str, Any]) -> Conversation:
             for text, source in items:
                 ids = turn_ids_in(source if isinstance(source, list) else [source], known)
                 observations.append(Observation(speaker, text, session, ids))
-    questions = tuple(
-        Question(
-            question_id=f"locomo_{index}_qa{position}",
-            text=qa["question"],
-            category=int(qa["category"]),
-            evidence=turn_ids_in(qa.get("evidence", []), known),
-        )
-        for position, qa in enumerate(sample.get("qa", []))
-    )
+    questions = parse_questions(f"locomo_{index}", sample.get("qa", []), known)
     speakers = tuple(
         conversation[k] for k in ("speaker_a", "speaker_b") if isinstance(conversation.get(k), str)
     )

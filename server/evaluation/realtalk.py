@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from satchel.server.evaluation.locomo import Conversation, Question, Turn, turn_ids_in
+from satchel.server.evaluation.locomo import Conversation, Turn, parse_questions
 
 NAME = "REALTALK"
 
@@ -62,15 +62,6 @@ def parse_conversation(index: int, sample_id: str, record: Mapping[str, Any]) ->
     known = frozenset(t.dia_id for t in turns)
     if len(known) != len(turns):
         raise ValueError(f"{sample_id}: a turn id is used twice")
-    questions = tuple(
-        Question(
-            question_id=f"realtalk_{index}_qa{position}",
-            text=qa["question"],
-            category=int(qa["category"]),
-            evidence=turn_ids_in(qa.get("evidence", []), known),
-        )
-        for position, qa in enumerate(record["qa"])
-    )
     names = record.get("name", {})
     return Conversation(
         index=index,
@@ -78,7 +69,7 @@ def parse_conversation(index: int, sample_id: str, record: Mapping[str, Any]) ->
         speakers=tuple(v for v in names.values() if isinstance(v, str)),
         turns=tuple(turns),
         observations=(),
-        questions=questions,
+        questions=parse_questions(f"realtalk_{index}", record["qa"], known),
     )
 
 
