@@ -83,6 +83,22 @@ def fused_space(
     )
 
 
+def part_vectors(vectors: Vectors, text: str, pooled: bool) -> np.ndarray | None:
+    """The task's sub-intent vectors as the server pools them (`Runtime.embed_query_parts`),
+    or None (scored by their words)."""
+    parts = sub_intents(text)
+    if not pooled or not parts:
+        return None
+    prefix = vectors.query_prefix
+    spans, cursor = [], 0
+    for part in parts:
+        start = text.find(part, cursor)
+        spans.append((len(prefix) + start, len(prefix) + start + len(part)))
+        cursor = start + len(part)
+    result = vectors.embedder.embed_with_spans(prefix + text, spans)
+    return None if result is None else result[1]
+
+
 def recall(ranked: list[str], gold: frozenset[str]) -> float:
     return len(gold & set(ranked)) / len(gold)
 
@@ -95,8 +111,10 @@ def evaluate(
     params: SelectionParams,
     off: list[str],
     chat: list[str],
+    pool_parts: bool = True,
 ) -> dict[str, float]:
-    """The figures of one set."""
+    """The figures of one set (`pool_parts`: sub-intents scored with pooled vectors, else by
+    their words)."""
     ids = [t.id for t in talents]
     bm25 = BM25([t.full_text for t in talents])
     tasks = [t for t in dataset.tasks if t.gold]
@@ -107,10 +125,20 @@ def evaluate(
         figures.setdefault(key, []).append(value)
 
     for task, query in zip(tasks, queries, strict=True):
-        result = select(talents, space, query, stems(task.text), params, task=task.text)
+        pooled = part_vectors(vectors, task.text, pool_parts)
+        result = select(
+            talents, space, query, stems(task.text), params, task=task.text, part_vectors=pooled
+        )
         served = result.kept_ids
         evidence = space.evidence(query, task_terms(task.text))
-        parts = [space.word_scores(task_terms(part)) for part in sub_intents(task.text)]
+        texts = sub_intents(task.text)
+        if pooled is None:
+            parts = [space.word_scores(task_terms(part)) for part in texts]
+        else:
+            parts = [
+                space.evidence(vector, task_terms(part)).fused
+                for part, vector in zip(texts, pooled, strict=True)
+            ]
         fused = merged_scores(evidence.fused, parts, params.margin)
         fused_order = [ids[i] for i in np.argsort(-fused, kind="stable")]
         bm25_order = [ids[i] for i in np.argsort(-bm25.scores(task.text), kind="stable")]
@@ -231,6 +259,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--gate-quantile", type=float, default=None)
     parser.add_argument(
+        "--sub-intents",
+        choices=("pooled", "words"),
+        default=TalentSettings().sub_intents,
+        help="how a task's parts are scored (SATCHEL_TALENT_SUB_INTENTS)",
+    )
+    parser.add_argument(
         "--gate-sweep", action="store_true", help="also print the gate's trade-off table"
     )
     args = parser.parse_args()
@@ -251,7 +285,7 @@ def main() -> None:
         f" {'capped':>6} {'R@1':>5} {'R@3':>5} {'R@5':>5} {'R@10':>5} {'bR@5':>5}"
         f" {'gated':>6} {'off/60':>6} {'chat/20':>7}"
     )
-    print(f"model {args.model}, {params}")
+    print(f"model {args.model}, sub-intents {args.sub_intents}, {params}")
     print(header)
     for dataset in all_sets():
         if wanted and dataset.name not in wanted:
@@ -268,7 +302,8 @@ def main() -> None:
                 gate_figures(talents, space, vectors, off),
                 gate_figures(talents, space, vectors, real),
             )
-        f = evaluate(dataset, talents, space, vectors, params, off, chat)
+        pooled = args.sub_intents == "pooled"
+        f = evaluate(dataset, talents, space, vectors, params, off, chat, pooled)
         rows[dataset.name] = f
         print(
             f"{dataset.name:16} {f['tasks']:>5.0f} {f['served']:>6.2f} {f['recall']:>6.3f}"

@@ -39,3 +39,10 @@ class FakeEmbedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return np.stack([self._vector(text) for text in texts])
+
+    def embed_with_spans(
+        self, text: str, spans: Sequence[tuple[int, int]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The text's vector and each span's (embedded alone: no token vectors to pool)."""
+        rows = self.embed([text, *(text[start:end] for start, end in spans)])
+        return rows[0], rows[1:]

@@ -240,6 +240,31 @@ class FastEmbedEmbedder:
         self.query_prefix, self.passage_prefix = prompts(model)
         self.dimension = int(self.embed(["dimension probe"]).shape[1])
 
+    def embed_with_spans(
+        self, text: str, spans: Sequence[tuple[int, int]]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The text's unit vector and one per character span of it, from one run of the model:
+        the mean of the token vectors inside each span (a span no token falls in gets the whole
+        text's). None for a model that does not pool by mean (`port.SpanPooler`)."""
+        from fastembed.text.pooled_normalized_embedding import PooledNormalizedEmbedding
+
+        model = getattr(self._model, "model", None)
+        if not isinstance(model, PooledNormalizedEmbedding) or model.tokenizer is None:
+            return None
+        offsets = model.tokenizer.encode(text).offsets
+        tokens = np.asarray(model.onnx_embed([text]).model_output[0], dtype=np.float32)
+        if len(offsets) != len(tokens):
+            return None
+        whole = tokens.mean(axis=0)
+        rows = []
+        for start, end in spans:
+            inside = [i for i, (a, b) in enumerate(offsets) if b > a and a >= start and b <= end]
+            rows.append(tokens[inside].mean(axis=0) if inside else whole)
+        matrix = np.vstack([whole, *rows]) if rows else whole[None, :]
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        unit = matrix / np.where(norms == 0, 1.0, norms)
+        return unit[0], unit[1:]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return unit float32 vectors, one row per text."""
         if not texts:

@@ -23,3 +23,15 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Return an array of shape (len(texts), dimension), each row of unit norm."""
         ...
+
+
+class SpanPooler(Protocol):
+    """An embedder that can also pool vectors of parts of a text from one model run (the mean
+    of the token vectors inside each part, as the text's own vector is the mean of all)."""
+
+    def embed_with_spans(
+        self, text: str, spans: Sequence[tuple[int, int]]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The text's unit vector (as `embed([text])[0]`) and one unit vector per character
+        span of it, shape (len(spans), dimension); None when the model does not pool by mean."""
+        ...

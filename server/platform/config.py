@@ -254,6 +254,12 @@ class TalentSettings:
     #: shipped unrelated tasks reach on the catalogue; higher serves fewer unrelated tasks and
     #: gates more real ones.
     gate_quantile: float = 0.75
+    #: Fused scoring: how the parts of a task that asks for several things are scored, each
+    #: one's best lifted into the cut: `pooled`, like the whole task, with a vector of each part
+    #: pooled from the task's own model run (its tokens inside the part; no extra run); `words`,
+    #: by BM25F alone (benchmarks/talent_design/results.md). A model that does not pool by mean
+    #: falls back to `words`.
+    sub_intents: str = "pooled"
 
 
 @dataclass(frozen=True)
@@ -484,6 +490,10 @@ class Settings:
             (
                 t.scoring in ("", "fused", "hybrid", "seed"),
                 "SATCHEL_TALENT_SCORING is fused|hybrid|seed",
+            ),
+            (
+                t.sub_intents in ("pooled", "words"),
+                "SATCHEL_TALENT_SUB_INTENTS is pooled|words",
             ),
             (0 <= t.text_weight <= 10, "SATCHEL_TALENT_TEXT_WEIGHT must be in [0, 10]"),
             (

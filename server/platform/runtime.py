@@ -124,6 +124,40 @@ class Runtime:
             vector = self._embed_timed([text])[0]
             return vector
 
+    async def embed_query_parts(
+        self, text: str, parts: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A query's vector (as `embed_query`) and, pooled from the same model run, one per part
+        of it (`parts`: substrings of `text`, in order); None for the parts when there are none
+        or the embedder cannot pool them (`port.SpanPooler`)."""
+        pool = getattr(self.embedder, "embed_with_spans", None)
+        prefix = self.embedder.query_prefix
+        spans, cursor = [], 0
+        for part in parts:
+            start = text.find(part, cursor)
+            if start < 0:
+                break
+            spans.append((len(prefix) + start, len(prefix) + start + len(part)))
+            cursor = start + len(part)
+        if pool is None or not spans or len(spans) != len(parts):
+            return await self.embed_query(text), None
+
+        def pooled() -> tuple[np.ndarray, np.ndarray] | None:
+            started = time.perf_counter()
+            result: tuple[np.ndarray, np.ndarray] | None = pool(prefix + text, spans)
+            self.telemetry.observe_embedding(time.perf_counter() - started, 1)
+            return result
+
+        with self.telemetry.span("satchel.embed", {"satchel.texts": 1}):
+            if len(prefix + text) > QUERY_ON_LOOP_MAX_CHARS:
+                result = await asyncio.get_running_loop().run_in_executor(self.executor, pooled)
+            else:
+                await asyncio.sleep(0)
+                result = pooled()
+        if result is None:
+            return await self.embed_query(text), None
+        return result
+
     async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         """Embed stored texts (with the model's passage prefix)."""
         prefix = self.embedder.passage_prefix

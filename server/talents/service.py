@@ -49,7 +49,7 @@ from psycopg import AsyncConnection
 from satchel.server.platform.config import TalentSettings
 from satchel.server.platform.runtime import Runtime
 from satchel.server.platform.storage.pool import autocommit
-from satchel.server.talents.domain.fusion import FusedSpace, GateReport
+from satchel.server.talents.domain.fusion import FusedSpace, GateReport, sub_intents
 from satchel.server.talents.domain.graph import Finding, FindingCode, TalentNode, diagnose
 from satchel.server.talents.domain.graph import requires_closure as close_over_requires
 from satchel.server.talents.domain.lexical import FieldIndex, LexicalIndex
@@ -284,6 +284,7 @@ def resolve_selection(
     pinned: Sequence[ScorableTalent] = (),
     lexical: LexicalIndex | None = None,
     tokens_candidates: int | None = None,
+    part_vectors: np.ndarray | None = None,
 ) -> Resolution:
     """Serve the pinned talents, select among candidates, close over hard edges, render. Pure.
 
@@ -296,6 +297,7 @@ def resolve_selection(
     only servable talents.
     `lexical`: the candidates' BM25 index for hybrid scoring (built when None).
     `tokens_candidates`: the tokens of pinned talents and candidates, when already counted.
+    `part_vectors`: a vector per sub-intent of the task (fused scoring; else scored by words).
     """
     graph = graph or {}
     if servable is None:
@@ -314,6 +316,7 @@ def resolve_selection(
             left,
             task=task,
             lexical=lexical,
+            part_vectors=part_vectors,
         )
     else:
         vectors = None if isinstance(talent_vectors, FusedSpace) else talent_vectors
@@ -478,7 +481,9 @@ class TalentService:
         self._vectors: _Lru[str, np.ndarray] = _Lru(CACHE_ENTRIES)
         self._spaces: _Lru[tuple[str, ...], tuple[CentredSpace | FusedSpace, LexicalIndex | None]]
         self._spaces = _Lru(SPACE_ENTRIES)
-        self._tasks: _Lru[str, np.ndarray] = _Lru(TASK_ENTRIES)
+        self._tasks: _Lru[tuple[str, bool], tuple[np.ndarray, np.ndarray | None]] = _Lru(
+            TASK_ENTRIES
+        )
         self._snapshots: _Lru[str, _Snapshot] = _Lru(SNAPSHOT_ENTRIES)
         self._roles_seen: set[tuple[str, str]] = set()
         self._unrelated: np.ndarray | None = None
@@ -548,9 +553,16 @@ class TalentService:
         # The task is embedded while the database is read (agents often repeat a task: the
         # last TASK_ENTRIES task vectors are kept).
         wants_task = relevance and bool(task.strip())
-        cached_task = self._tasks.lookup(task) if wants_task else None
+        # Fused scoring scores each sub-intent with a vector pooled from the task's own run.
+        pooled = (
+            params.scoring == Scoring.FUSED
+            and self.runtime.settings.talents.sub_intents == "pooled"
+        )
+        key = (task, pooled)
+        cached_task = self._tasks.lookup(key) if wants_task else None
+        parts = sub_intents(task) if pooled else []
         task_embedding = (
-            asyncio.ensure_future(self.runtime.embed_query(task))
+            asyncio.ensure_future(self.runtime.embed_query_parts(task, parts))
             if wants_task and cached_task is None
             else None
         )
@@ -567,10 +579,10 @@ class TalentService:
                 if role and (project_id, role) not in self._roles_seen:
                     await storage.record_role(conn, project_id, role)
                     self._roles_seen.add((project_id, role))
-            task_vector = cached_task
+            task_vector, part_vectors = cached_task or (None, None)
             if task_embedding is not None:
-                task_vector = await task_embedding
-                self._tasks.put(task, task_vector)
+                task_vector, part_vectors = await task_embedding
+                self._tasks.put(key, (task_vector, part_vectors))
         finally:
             if task_embedding is not None and not task_embedding.done():
                 task_embedding.cancel()
@@ -586,6 +598,7 @@ class TalentService:
             pinned=offer.pinned,
             lexical=lexical,
             tokens_candidates=offer.tokens,
+            part_vectors=part_vectors,
         )
 
     async def _snapshot(self, conn: AsyncConnection, project_id: str) -> _Snapshot:

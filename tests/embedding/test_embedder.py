@@ -90,3 +90,44 @@ def test_other_model_without_local_files_fails_fast(tmp_path: Path) -> None:
         FastEmbedEmbedder("BAAI/bge-small-en-v1.5", cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="cannot load"):
         FastEmbedEmbedder("BAAI/bge-small-en-v1.5", model_path=tmp_path, cache_dir=tmp_path)
+
+
+def test_parts_of_a_text_are_pooled_from_its_own_run(embedder) -> None:
+    text = "Find me a cheap flight to Oslo next Friday and book a hotel near the central station"
+    flight, hotel = "Find me a cheap flight to Oslo next Friday", "book a hotel near the station"
+    hotel_span = (text.index("book"), len(text))
+    whole, parts = embedder.embed_with_spans(text, [(0, len(flight)), hotel_span, (5, 5)])
+    assert float(whole @ embedder.embed([text])[0]) > 0.999, "the text's own vector"
+    assert parts.shape == (3, 384) and parts.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(parts, axis=1), 1.0, atol=1e-5)
+    alone = embedder.embed([flight, hotel])
+    assert float(parts[0] @ alone[0]) > float(parts[0] @ alone[1]) + 0.2
+    assert float(parts[1] @ alone[1]) > float(parts[1] @ alone[0]) + 0.05
+    np.testing.assert_allclose(parts[2], whole, atol=1e-6)  # no token inside: the whole text's
+    whole_alone, none = embedder.embed_with_spans(text, [])
+    assert none.shape == (0, 384) and float(whole_alone @ whole) > 0.999
+
+
+async def test_the_runtime_pools_a_querys_parts_after_its_prompt(embedder) -> None:
+    from satchel.server.embedding.fake import FakeEmbedder
+    from satchel.server.platform.config import Settings
+    from satchel.server.platform.runtime import Runtime
+
+    task = "Find flights to Oslo on Friday and then write a note to Ana"
+    parts = ["Find flights to Oslo on Friday", "write a note to Ana"]
+    runtime = Runtime(settings=Settings.from_env({}), pool=None, embedder=embedder)
+    whole, pooled = await runtime.embed_query_parts(task, parts)
+    assert float(whole @ await runtime.embed_query(task)) > 0.999
+    assert pooled is not None and pooled.shape == (2, 384)
+    assert (await runtime.embed_query_parts(task, ["not in the task"]))[1] is None
+    assert (await runtime.embed_query_parts(task, []))[1] is None
+    runtime.executor.shutdown()
+    # With a query prompt the spans move past it: each part is exactly its own text.
+    fake = FakeEmbedder()
+    fake.query_prefix = "query: "
+    runtime = Runtime(settings=Settings.from_env({}), pool=None, embedder=fake)
+    whole, pooled = await runtime.embed_query_parts(task, parts)
+    runtime.executor.shutdown()
+    np.testing.assert_allclose(whole, fake.embed(["query: " + task])[0])
+    assert pooled is not None
+    np.testing.assert_allclose(pooled, fake.embed(parts))

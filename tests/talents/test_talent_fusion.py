@@ -344,3 +344,21 @@ def test_a_task_that_asks_for_two_things_is_served_both() -> None:
     assert kept[0] == "flights" and "hotels" in kept
     narrow = select(talents(names), space, vector, set(), replace(params, margin=0.0), task=task)
     assert narrow.kept_ids == ["flights"]  # the margin bounds the parts too
+
+
+def test_a_part_with_its_own_vector_is_scored_like_the_whole_task() -> None:
+    names = ["flights", "hotels", "weather", "email", "maps"]
+    basis = np.eye(5)
+    space = FusedSpace.of(
+        basis, basis, FieldIndex.of([TalentFields(name=n, summary=f"{n} tool") for n in names])
+    )
+    task = "Search flights to Oslo and then find somewhere to sleep near the station"
+    vector = np.array([1.0, 0.1, 0.2, 0.0, 0.0])
+    params = SelectionParams(floor=-1, margin=4.0, scoring=Scoring.FUSED, max_served=8)
+    by_words = select(talents(names), space, vector, set(), params, task=task).kept_ids
+    assert "hotels" not in by_words, "the second part shares no word with the hotel tool"
+    parts = np.array([[1.0, 0, 0, 0, 0], [0.1, 1.0, 0, 0, 0.1]])  # the second part's vector
+    pooled = select(talents(names), space, vector, set(), params, task=task, part_vectors=parts)
+    assert pooled.kept_ids[0] == "flights" and "hotels" in pooled.kept_ids
+    wrong = select(talents(names), space, vector, set(), params, task=task, part_vectors=parts[:1])
+    assert wrong.kept_ids == by_words, "vectors that do not match the parts: by words"

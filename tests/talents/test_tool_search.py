@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
+from helpers.servers import channel_to, running
 from helpers.talents import TOOLS, activate, field_violations, schema, stub, upsert_tools
 
 from satchel.server.platform.config import Settings
@@ -41,6 +42,21 @@ async def test_search_tools_serves_the_definitions_an_agent_loads(
     )
     assert found.selection.params.scoring == "fused"
     assert found.selection.gate.calibration_tasks > 0
+
+
+async def test_each_part_of_a_task_is_read_with_a_vector_of_its_own(
+    channel: grpc.aio.Channel, project_id: str, settings: Settings
+) -> None:
+    """The second part shares no word with the mail tool: pooled from the task's own run, its
+    vector finds it; scored by its words (SATCHEL_TALENT_SUB_INTENTS=words), it finds none."""
+    await upsert_tools(channel, project_id)
+    task = "Find flights from Lisbon to Oslo on Friday and then write a note to Ana's inbox"
+    pooled = [t.name for t in (await search(channel, project_id, task)).tools]
+    assert pooled[0] == "search_flights" and "send_email" in pooled
+    words = replace(settings.talents, sub_intents="words")
+    async with running(settings, talents=words) as other, channel_to(other) as by_words:
+        found = await search(by_words, project_id, task)
+    assert "send_email" not in [t.name for t in found.tools]
 
 
 async def test_the_closure_comes_with_the_tool_that_requires_it(

@@ -408,13 +408,16 @@ def select(
     *,
     task: str = "",
     lexical: LexicalIndex | None = None,
+    part_vectors: np.ndarray | None = None,
 ) -> SelectionResult:
     """Relevance on: gate, margin cut, count cap and budget over the candidates (row i of
     vectors = i).
 
     `talent_vectors` is the candidates' `FusedSpace` in fused scoring; in the others, their
     vectors or a precomputed `CentredSpace`. Hybrid and fused scoring read the `task` text;
-    hybrid the candidates' `lexical` index when given (else builds it).
+    hybrid the candidates' `lexical` index when given (else builds it). `part_vectors`: fused
+    scoring, one row per sub-intent of the task (`sub_intents`), to score each like the whole
+    task (else by its words).
     """
     params = params or SelectionParams()
     if not candidates:
@@ -422,7 +425,9 @@ def select(
     if params.scoring == Scoring.FUSED:
         if not isinstance(talent_vectors, FusedSpace):
             raise ValueError("fused scoring needs the candidates' FusedSpace")
-        return _select_fused(candidates, talent_vectors, task_vector, task_stems, task, params)
+        return _select_fused(
+            candidates, talent_vectors, task_vector, task_stems, task, params, part_vectors
+        )
     if isinstance(talent_vectors, FusedSpace):
         raise ValueError(f"{params.scoring} scoring needs the candidates' vectors")
     ranks = lexical_ranks(candidates, task, lexical) if params.scoring == Scoring.HYBRID else None
@@ -443,10 +448,12 @@ def _select_fused(
     task_stems: Set[str],
     task: str,
     params: SelectionParams,
+    part_vectors: np.ndarray | None = None,
 ) -> SelectionResult:
     """Fused scoring (`talent_fusion`): the gate calibrated for these candidates (its
     similarity bound replaced by `params.floor` when set) judges the whole task; the scores
-    merge the whole task's and its sub-intents' (`merged_scores`); then the same cut as the
+    merge the whole task's and its sub-intents' (`merged_scores`: each part scored like the
+    whole task with its row of `part_vectors`, else by its words); then the same cut as the
     others.
     Ties in score keep the candidates' order (the service passes them by id)."""
     if len(space) != len(candidates):
@@ -454,8 +461,15 @@ def _select_fused(
     evidence = space.evidence(task_vector, task_terms(task))
     if params.floor is not None:  # the request's floor replaces the calibrated gate
         space = replace(space, gate=replace(space.gate, similarity=params.floor, contrast=None))
-    parts = [space.word_scores(task_terms(part)) for part in sub_intents(task)]
-    fused = merged_scores(evidence.fused, parts, params.margin)
+    parts = sub_intents(task)
+    if part_vectors is not None and len(part_vectors) == len(parts):
+        scores = [
+            space.evidence(vector, task_terms(part)).fused
+            for part, vector in zip(parts, part_vectors, strict=True)
+        ]
+    else:
+        scores = [space.word_scores(task_terms(part)) for part in parts]
+    fused = merged_scores(evidence.fused, scores, params.margin)
     report = space.judge(evidence, task_vector, is_english(task))
     # Only the rows that can be served or listed are built (a catalogue may hold thousands):
     # those within the margin and the LISTED_EXCLUSIONS next; the rest are counted.
