@@ -135,10 +135,7 @@ def evaluate(
         if pooled is None:
             parts = [space.word_scores(task_terms(part)) for part in texts]
         else:
-            parts = [
-                space.evidence(vector, task_terms(part)).fused
-                for part, vector in zip(texts, pooled, strict=True)
-            ]
+            parts = space.part_scores(pooled, [task_terms(part) for part in texts])
         fused = merged_scores(evidence.fused, parts, params.margin)
         fused_order = [ids[i] for i in np.argsort(-fused, kind="stable")]
         bm25_order = [ids[i] for i in np.argsort(-bm25.scores(task.text), kind="stable")]

@@ -362,3 +362,15 @@ def test_a_part_with_its_own_vector_is_scored_like_the_whole_task() -> None:
     assert pooled.kept_ids[0] == "flights" and "hotels" in pooled.kept_ids
     wrong = select(talents(names), space, vector, set(), params, task=task, part_vectors=parts[:1])
     assert wrong.kept_ids == by_words, "vectors that do not match the parts: by words"
+
+
+def test_all_parts_are_scored_at_once_as_each_would_be_alone() -> None:
+    rng = np.random.default_rng(3)
+    names = [f"tool{i} alpha{i % 7}" for i in range(40)]
+    fields = [TalentFields(name=n, summary=n) for n in names]
+    short, full = rng.normal(size=(40, 16)), rng.normal(size=(40, 16))
+    space = FusedSpace.of(short, full, FieldIndex.of(fields))
+    vectors, terms = rng.normal(size=(3, 16)), [["alpha1"], ["tool3"], []]
+    at_once = space.part_scores(vectors, terms)
+    for scores, vector, words in zip(at_once, vectors, terms, strict=True):
+        np.testing.assert_allclose(scores, space.evidence(vector, words).fused, atol=1e-5)

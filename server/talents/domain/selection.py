@@ -463,10 +463,7 @@ def _select_fused(
         space = replace(space, gate=replace(space.gate, similarity=params.floor, contrast=None))
     parts = sub_intents(task)
     if part_vectors is not None and len(part_vectors) == len(parts):
-        scores = [
-            space.evidence(vector, task_terms(part)).fused
-            for part, vector in zip(parts, part_vectors, strict=True)
-        ]
+        scores = space.part_scores(part_vectors, [task_terms(part) for part in parts])
     else:
         scores = [space.word_scores(task_terms(part)) for part in parts]
     fused = merged_scores(evidence.fused, scores, params.margin)
