@@ -331,12 +331,18 @@ def test_each_intent_gets_its_best_talent_inside_the_margin() -> None:
     assert merged_scores(whole, [np.array([0, 9.0, 0, 0, 0])], 4.0)[1] == 4.5
 
 
+TRAVEL = ["flights", "hotels", "weather", "email", "maps"]
+"""Five tools, each on its own axis of a 5-d space."""
+
+
+def travel_space() -> FusedSpace:
+    basis = np.eye(len(TRAVEL))
+    fields = [TalentFields(name=n, summary=f"{n} tool") for n in TRAVEL]
+    return FusedSpace.of(basis, basis, FieldIndex.of(fields))
+
+
 def test_a_task_that_asks_for_two_things_is_served_both() -> None:
-    names = ["flights", "hotels", "weather", "email", "maps"]
-    basis = np.eye(5)
-    space = FusedSpace.of(
-        basis, basis, FieldIndex.of([TalentFields(name=n, summary=f"{n} tool") for n in names])
-    )
+    names, space = TRAVEL, travel_space()
     task = "Search flights to Oslo and then book hotels near the station"
     vector = np.array([1.0, 0.1, 0.2, 0.0, 0.0])  # the embedding sees the flight mostly
     params = SelectionParams(floor=-1, margin=4.0, scoring=Scoring.FUSED, max_served=8)
@@ -347,11 +353,7 @@ def test_a_task_that_asks_for_two_things_is_served_both() -> None:
 
 
 def test_a_part_with_its_own_vector_is_scored_like_the_whole_task() -> None:
-    names = ["flights", "hotels", "weather", "email", "maps"]
-    basis = np.eye(5)
-    space = FusedSpace.of(
-        basis, basis, FieldIndex.of([TalentFields(name=n, summary=f"{n} tool") for n in names])
-    )
+    names, space = TRAVEL, travel_space()
     task = "Search flights to Oslo and then find somewhere to sleep near the station"
     vector = np.array([1.0, 0.1, 0.2, 0.0, 0.0])
     params = SelectionParams(floor=-1, margin=4.0, scoring=Scoring.FUSED, max_served=8)
