@@ -42,6 +42,7 @@ from catalogue_baselines import BM25  # noqa: E402
 from datasets import Dataset, all_sets, chat_requests, off_domain  # noqa: E402
 from vectors import Vectors  # noqa: E402
 
+from satchel.server.embedding.spans import part_spans  # noqa: E402
 from satchel.server.platform.config import TalentSettings  # noqa: E402
 from satchel.server.talents.domain.fusion import (  # noqa: E402
     GATE_QUANTILE,
@@ -90,11 +91,9 @@ def part_vectors(vectors: Vectors, text: str, pooled: bool) -> np.ndarray | None
     if not pooled or not parts:
         return None
     prefix = vectors.query_prefix
-    spans, cursor = [], 0
-    for part in parts:
-        start = text.find(part, cursor)
-        spans.append((len(prefix) + start, len(prefix) + start + len(part)))
-        cursor = start + len(part)
+    spans = part_spans(text, parts, offset=len(prefix))
+    if spans is None:
+        return None
     result = vectors.embedder.embed_with_spans(prefix + text, spans)
     return None if result is None else result[1]
 

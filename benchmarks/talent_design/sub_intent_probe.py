@@ -31,6 +31,7 @@ from talent_selection import candidates, fused_space  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from vectors import CACHE_DIR, Vectors  # noqa: E402
 
+from satchel.server.embedding.spans import part_spans  # noqa: E402
 from satchel.server.platform.config import TalentSettings  # noqa: E402
 from satchel.server.talents.domain.fusion import merged_scores, sub_intents  # noqa: E402
 from satchel.server.talents.domain.selection import select, stems  # noqa: E402
@@ -94,8 +95,7 @@ def main() -> None:
             evidence = space.evidence(query, task_terms(task.text))
             parts = sub_intents(task.text)
             split += bool(parts)
-            spans = [(task.text.find(p), task.text.find(p) + len(p)) for p in parts]
-            whole, pooled = pooler.pool(task.text, spans)
+            whole, pooled = pooler.pool(task.text, part_spans(task.text, parts) or [])
             assert float(whole @ (query / np.linalg.norm(query))) > 0.999, "same vector"
             scored = {
                 "words": [space.word_scores(task_terms(p)) for p in parts],

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from psycopg_pool import AsyncConnectionPool
 
 from satchel.server.context.scope_cache import ScopeCache
 from satchel.server.embedding.port import Embedder
+from satchel.server.embedding.spans import part_spans
 from satchel.server.platform.config import Settings
 from satchel.server.platform.reads import ReadRouter, ReadTarget
 from satchel.server.platform.telemetry import Telemetry
@@ -21,6 +22,8 @@ from satchel.server.platform.tokens import TokenCounter, counter_of
 
 if TYPE_CHECKING:
     from satchel.server.context.watch import TraceHub
+
+T = TypeVar("T")
 
 QUERY_ON_LOOP_MAX_CHARS = 256
 """The longest query embedded on the event loop itself (`Runtime.embed_query`)."""
@@ -115,14 +118,8 @@ class Runtime:
         loop is held no longer than such a query takes (~5 ms at `QUERY_ON_LOOP_MAX_CHARS`).
         """
         text = self.embedder.query_prefix + text
-        vector: np.ndarray  # the one row of the batch
-        if len(text) > QUERY_ON_LOOP_MAX_CHARS:
-            vector = (await self.embed([text]))[0]
-            return vector
-        await asyncio.sleep(0)
-        with self.telemetry.span("satchel.embed", {"satchel.texts": 1}):
-            vector = self._embed_timed([text])[0]
-            return vector
+        vector: np.ndarray = (await self._run_query(text, lambda: self.embedder.embed([text])))[0]
+        return vector
 
     async def embed_query_parts(
         self, text: str, parts: Sequence[str]
@@ -131,32 +128,31 @@ class Runtime:
         of it (`parts`: substrings of `text`, in order); None for the parts when there are none
         or the embedder cannot pool them (`port.SpanPooler`)."""
         pool = getattr(self.embedder, "embed_with_spans", None)
-        prefix = self.embedder.query_prefix
-        spans, cursor = [], 0
-        for part in parts:
-            start = text.find(part, cursor)
-            if start < 0:
-                break
-            spans.append((len(prefix) + start, len(prefix) + start + len(part)))
-            cursor = start + len(part)
-        if pool is None or not spans or len(spans) != len(parts):
+        prefixed = self.embedder.query_prefix + text
+        spans = part_spans(text, parts, offset=len(self.embedder.query_prefix))
+        result = None
+        if pool is not None and spans:
+            result = await self._run_query(prefixed, lambda: pool(prefixed, spans))
+        if result is None:
             return await self.embed_query(text), None
+        whole, pooled = result
+        return whole, pooled
 
-        def pooled() -> tuple[np.ndarray, np.ndarray] | None:
+    async def _run_query(self, prefixed: str, run: Callable[[], T]) -> T:
+        """`run()`, one model run over a query (`prefixed`, prompt included), timed: on the
+        event loop for a short query, in the executor for a long one (`embed_query`)."""
+
+        def timed() -> T:
             started = time.perf_counter()
-            result: tuple[np.ndarray, np.ndarray] | None = pool(prefix + text, spans)
+            result = run()
             self.telemetry.observe_embedding(time.perf_counter() - started, 1)
             return result
 
         with self.telemetry.span("satchel.embed", {"satchel.texts": 1}):
-            if len(prefix + text) > QUERY_ON_LOOP_MAX_CHARS:
-                result = await asyncio.get_running_loop().run_in_executor(self.executor, pooled)
-            else:
-                await asyncio.sleep(0)
-                result = pooled()
-        if result is None:
-            return await self.embed_query(text), None
-        return result
+            if len(prefixed) > QUERY_ON_LOOP_MAX_CHARS:
+                return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+            await asyncio.sleep(0)
+            return timed()
 
     async def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         """Embed stored texts (with the model's passage prefix)."""
