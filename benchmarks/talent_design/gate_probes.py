@@ -19,6 +19,11 @@ and MT-Bench's first turns (data/no_tool_requests/fastchat.json, 60, other autho
    task's words could score, at least its quantile among the shipped requests.
 6. **A shared word required of English tasks too** (as of tasks in other languages), unless
    the best similarity reaches a high quantile of the shipped requests'.
+7. **Scores normalised by a cohort**, as speaker verification normalises them: each talent's
+   similarity as a z-score over the shipped requests' similarities with that talent (Z-norm,
+   leaving the request out when it calibrates), over the task's own similarities with the
+   shipped requests (T-norm), or their mean (S-norm); the level at a quantile of the shipped
+   requests' best normalised score, with and without the contrast.
 
 Per row: of each unrelated set, how many of 20 get a talent (mean / worst catalogue); real
 tasks gated (mean / worst labelled set). Uses the vectors cached by talent_selection.py.
@@ -248,6 +253,49 @@ def main() -> None:
     for rescue in (None, 0.95, 1.0):
         label = f"default + a shared word for English tasks, unless level {rescue}"
         report(label, lambda cat, r=rescue: shared_word(cat, r))
+
+    def normalised(catalogue: str, norm: str, q: float, contrast: float | None) -> Rule:
+        """Design 7: the best cohort-normalised similarity at least its quantile `q` among the
+        shipped requests'; `norm` is "z" (per talent), "t" (per task) or "s" (their mean)."""
+        space = spaces[catalogue]
+        near = np.maximum(shipped @ space.short.T, shipped @ space.full.T)  # (requests, talents)
+        n = len(shipped)
+        mean, spread = near.mean(axis=0), near.std(axis=0) + 1e-3
+        mean_out = (near.sum(axis=0) - near) / (n - 1)  # each request left out of its talent's
+        square_out = ((near**2).sum(axis=0) - near**2) / (n - 1)
+        spread_out = np.sqrt(np.maximum(square_out - mean_out**2, 0)) + 1e-3
+        cohort = shipped @ shipped.T
+        np.fill_diagonal(cohort, np.nan)
+        task_mean = np.nanmean(cohort, axis=1, keepdims=True)
+        task_spread = np.nanstd(cohort, axis=1, keepdims=True) + 1e-3
+
+        def statistic(sims, talent_mean, talent_spread, cohort_mean, cohort_spread):
+            z = (sims - talent_mean) / talent_spread
+            t = (sims - cohort_mean) / cohort_spread
+            best: np.ndarray = {"z": z, "t": t, "s": (z + t) / 2}[norm].max(axis=1)
+            return best
+
+        level = float(np.quantile(statistic(near, mean_out, spread_out, task_mean, task_spread), q))
+
+        def passes(batch: Batch) -> np.ndarray:
+            x = batch.x
+            sims = np.maximum(x @ space.short.T, x @ space.full.T)
+            to_cohort = x @ shipped.T
+            cohort_mean = to_cohort.mean(axis=1, keepdims=True)
+            cohort_spread = to_cohort.std(axis=1, keepdims=True) + 1e-3
+            result: np.ndarray = statistic(sims, mean, spread, cohort_mean, cohort_spread) >= level
+            if contrast is not None:
+                apart = sims.max(axis=1) - to_cohort.max(axis=1) > contrast
+                result &= np.where(batch.english, apart, True)
+            return result
+
+        return passes
+
+    for norm in ("z", "t", "s"):
+        for contrast in (None, -0.05):
+            for q in (0.75, 0.85, 0.95):
+                label = f"{norm.upper()}-norm, level {q}, contrast {contrast or 'none'}"
+                report(label, lambda cat, n=norm, q=q, c=contrast: normalised(cat, n, q, c))
 
 
 if __name__ == "__main__":

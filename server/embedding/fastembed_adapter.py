@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -194,6 +195,22 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _pools_by_mean(model: Any) -> bool:
+    """Whether fastembed's `model` makes its vector the L2-normalised mean of its token
+    vectors: the models it pools so itself (MiniLM, mpnet) and the derived models registered
+    with mean pooling (`_register`: multilingual-e5-small)."""
+    from fastembed.common.model_description import PoolingType
+    from fastembed.text.custom_text_embedding import CustomTextEmbedding
+    from fastembed.text.pooled_normalized_embedding import PooledNormalizedEmbedding
+
+    if isinstance(model, PooledNormalizedEmbedding):
+        return True
+    if not isinstance(model, CustomTextEmbedding):
+        return False
+    config = CustomTextEmbedding.POSTPROCESSING_MAPPING.get(model.model_description.model)
+    return config is not None and config.pooling == PoolingType.MEAN and config.normalization
+
+
 class FastEmbedEmbedder:
     """Embeds texts with a fastembed ONNX model on the CPU; never touches the network."""
 
@@ -246,10 +263,8 @@ class FastEmbedEmbedder:
         """The text's unit vector and one per character span of it, from one run of the model:
         the mean of the token vectors inside each span (a span no token falls in gets the whole
         text's). None for a model that does not pool by mean (`port.SpanPooler`)."""
-        from fastembed.text.pooled_normalized_embedding import PooledNormalizedEmbedding
-
         model = getattr(self._model, "model", None)
-        if not isinstance(model, PooledNormalizedEmbedding) or model.tokenizer is None:
+        if model is None or not _pools_by_mean(model) or model.tokenizer is None:
             return None
         offsets = model.tokenizer.encode(text).offsets
         tokens = np.asarray(model.onnx_embed([text]).model_output[0], dtype=np.float32)

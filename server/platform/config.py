@@ -257,8 +257,8 @@ class TalentSettings:
     #: Fused scoring: how the parts of a task that asks for several things are scored, each
     #: one's best lifted into the cut: `pooled`, like the whole task, with a vector of each part
     #: pooled from the task's own model run (its tokens inside the part; no extra run); `words`,
-    #: by BM25F alone (benchmarks/talent_design/results.md). A model whose token vectors are not
-    #: pooled by mean (multilingual-e5-small) falls back to `words`.
+    #: by BM25F alone (benchmarks/talent_design/results.md). A model that does not pool its
+    #: token vectors by mean falls back to `words`.
     sub_intents: str = "pooled"
 
 

@@ -186,6 +186,28 @@ async def test_the_runtime_puts_the_prefixes_in_front_of_queries_and_passages(
     assert not np.allclose(query, e5_embedder.embed([text])[0], atol=1e-3)
 
 
+async def test_a_querys_parts_are_pooled_from_its_one_run_after_the_prefix(
+    e5_embedder: FastEmbedEmbedder,
+) -> None:
+    """e5 pools by mean too (registered so), so a task's sub-intents get vectors of their own
+    from the task's run, as MiniLM's do (test_embedder.py)."""
+    from satchel.server.platform.runtime import Runtime
+
+    task = "Trouve un vol pour Oslo vendredi puis réserve un hôtel près de la gare"
+    flight, hotel = "Trouve un vol pour Oslo vendredi", "réserve un hôtel près de la gare"
+    runtime = Runtime(settings=Settings.from_env({}), pool=None, embedder=e5_embedder)
+    try:
+        whole, parts = await runtime.embed_query_parts(task, [flight, hotel])
+    finally:
+        runtime.executor.shutdown()
+    assert float(whole @ e5_embedder.embed(["query: " + task])[0]) > 0.999
+    assert parts is not None and parts.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(parts, axis=1), 1.0, atol=1e-5)
+    alone = e5_embedder.embed(["query: " + flight, "query: " + hotel])
+    assert float(parts[0] @ alone[0]) > float(parts[0] @ alone[1]) + 0.03
+    assert float(parts[0] @ parts[1]) < 0.99, "each part has a vector of its own"
+
+
 def test_a_french_sentence_is_nearest_to_its_english_translation(
     e5_embedder: FastEmbedEmbedder,
 ) -> None:
