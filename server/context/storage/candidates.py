@@ -25,10 +25,10 @@ from satchel.server.context.domain.retrieval import (
 from satchel.server.context.domain.scored import FactCandidates, ScoredFact
 from satchel.server.context.ranking import ranking_of
 from satchel.server.context.storage.plan import QueryPlan
-from satchel.server.context.storage.sql import Scope, call_params, render
+from satchel.server.context.storage.sql import Scope, call_params, for_scope, render
 from satchel.server.platform.config import ContextSettings
-from satchel.server.platform.storage.pool import generic_plans, per_call_plans
-from satchel.server.platform.storage.statements import fetch_all
+from satchel.server.platform.storage.pool import generic_plans
+from satchel.server.platform.storage.statements import Statement, fetch_all
 
 # The exact path: the hybrid score of every visible fact, reading only what the score needs;
 # the other columns are read for the best ones only. Serves small scopes and the benchmarks'
@@ -166,8 +166,9 @@ async def fetch_fact_candidates(
     ranking). Otherwise two-phase: while a fact phase 1 left out could still enter the top
     `exact_top_n`, phase 1 is widened (K x 4, up to `retrieval_top_k_max`) and run again; a
     scope where HNSW cannot find K facts at K max is scored exactly. A scope with indexes of
-    its own (scope_indexes.py) starts at K = `scope_index_top_k`, planned for each call's
-    values: a generic plan cannot use a partial index, and would walk the global HNSW graph.
+    its own (scope_indexes.py) starts at K = `scope_index_top_k`, its statement written for
+    the scope (`for_scope`): a generic plan of the shared one cannot use a partial index, and
+    would walk the global HNSW graph.
     """
     params = call_params(scope, vector, cfg, plan)
     variant = (ranking_of(cfg).name, scope.historical)
@@ -176,12 +177,13 @@ async def fetch_fact_candidates(
             rows = await fetch_all(conn, EXACT_SQL[variant], params)
     elif not plan.scope_indexed or scope.historical:  # history is not in a scope's indexes
         async with generic_plans(conn):
-            rows = await _two_phase(conn, params, cfg, variant)
+            rows = await _two_phase(conn, params, cfg, variant, CANDIDATES_SQL[variant])
     else:
         top_k = min(max(cfg.scope_index_top_k, cfg.retrieval_top_k), cfg.retrieval_top_k_max)
         params["top_k"] = top_k
-        async with per_call_plans(conn):
-            rows = await _two_phase(conn, params, cfg, variant)
+        statement = for_scope(CANDIDATES_SQL[variant], scope.project_id, scope.subject_id)
+        async with generic_plans(conn):
+            rows = await _two_phase(conn, params, cfg, variant, statement)
     text_full = float(rows[0]["text_full"]) if rows else None
     two_phase = bool(rows) and "window_rows" in rows[0]
     return FactCandidates([ScoredFact.from_row(r) for r in rows], text_full, exact=not two_phase)
@@ -192,11 +194,12 @@ async def _two_phase(
     params: dict[str, Any],
     cfg: ContextSettings,
     variant: tuple[str, bool],
+    statement: Statement,
 ) -> list[dict[str, Any]]:
     """Phase 1 widened until it holds the top (see `fetch_fact_candidates`), then phase 2."""
     top_n = min(cfg.exact_top_n, cfg.candidate_limit)
     while True:
-        rows = await fetch_all(conn, CANDIDATES_SQL[variant], params)
+        rows = await fetch_all(conn, statement, params)
         if not rows:
             return rows
         report = source_report(rows[0], params)

@@ -10,7 +10,7 @@ from psycopg import AsyncConnection
 from satchel.server.context.domain.scored import ScoredFact
 from satchel.server.context.ranking import ranking_of
 from satchel.server.context.storage.plan import QueryPlan
-from satchel.server.context.storage.sql import Scope, call_params, render
+from satchel.server.context.storage.sql import Scope, call_params, for_scope, render
 from satchel.server.platform.config import ContextSettings
 from satchel.server.platform.storage.pool import generic_plans, per_call_plans
 from satchel.server.platform.storage.statements import fetch_all
@@ -88,8 +88,10 @@ async def fetch_multi_hop(
 
     A scope scored exactly (at most `exact_scope_max` facts) scans its own facts' words, with
     the statement's generic plan (`generic_plans`: 4.9 → 2.2 ms on LoCoMo); a larger one looks
-    the entities up in the text index, planned for each call's values, which its generic plan
-    would not suit (a 100,000-fact scope's call 40 → 60 ms) and which a scope index needs.
+    the entities up in the text index: a scope with indexes of its own through its statement
+    written for it (`for_scope`), whose generic plan reads the scope's words index; another
+    planned for each call's values, which the shared generic plan would not suit (a
+    100,000-fact scope's call 40 → 60 ms).
     """
     ranking = ranking_of(cfg)
     params = call_params(scope, vector, cfg, plan)
@@ -101,6 +103,10 @@ async def fetch_multi_hop(
     if plan.scope_facts <= cfg.exact_scope_max:
         async with generic_plans(conn):
             rows = await fetch_all(conn, MULTI_HOP_SCAN_SQL[variant], params)
+    elif plan.scope_indexed and not scope.historical:
+        statement = for_scope(MULTI_HOP_SQL[variant], scope.project_id, scope.subject_id)
+        async with generic_plans(conn):
+            rows = await fetch_all(conn, statement, params)
     else:
         async with per_call_plans(conn):
             rows = await fetch_all(conn, MULTI_HOP_SQL[variant], params)

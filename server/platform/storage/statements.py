@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncRawCursor
+from psycopg import AsyncConnection, AsyncRawCursor, sql
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+_NUMBERED = re.compile(r"\$(\d+)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,22 @@ class Statement:
             return f"${names.index(name) + 1}"
 
         return cls(_PLACEHOLDER.sub(number, query), tuple(names))
+
+    def with_literals(self, values: Mapping[str, str]) -> Statement:
+        """This statement with the parameters named in `values` written in as SQL literals
+        (quoted by psycopg), the others numbered anew. A generic plan of it can use a partial
+        index whose predicate names those values: a parameter cannot prove it."""
+        names: list[str] = []
+
+        def replace(match: re.Match[str]) -> str:
+            name = self.names[int(match.group(1)) - 1]
+            if name in values:
+                return sql.Literal(values[name]).as_string(None)
+            if name not in names:
+                names.append(name)
+            return f"${names.index(name) + 1}"
+
+        return Statement(_NUMBERED.sub(replace, self.text), tuple(names))
 
     def args(self, params: Mapping[str, Any]) -> list[Any]:
         """The values of `params` in placeholder order (KeyError names a missing one)."""
