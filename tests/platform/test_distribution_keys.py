@@ -93,14 +93,16 @@ def _without_literals(sql: str) -> str:
     return " ".join(sql.split())
 
 
-_PARAMETER = r"(?:%s|%\(\w+\)s|\$\d+)"
+# A parameter, or a literal (after `_without_literals`: a scope's statements written for it,
+# context/storage/sql.py `for_scope`): either routes a comparison to one shard.
+_PARAMETER = r"(?:%s|%\(\w+\)s|\$\d+|'')"
 
 
 def unrouted_tables(sql: str) -> list[str]:
     """The distributed tables `sql` reads or writes without pinning them to one project, once
     per unpinned use: an INSERT must write `project_id`; each other use of a table (or of its
-    alias) needs its own comparison of that `project_id` to a parameter, or to the `project_id`
-    of another use that is pinned."""
+    alias) needs its own comparison of that `project_id` to a parameter or a literal, or to the
+    `project_id` of another use that is pinned."""
     text = _without_literals(sql)
     if any(re.search(pattern, text) for pattern in CROSS_PROJECT):
         return []
@@ -184,6 +186,8 @@ def unrouted_tables(sql: str) -> list[str]:
             ["events"],
         ),
         ("UPDATE facts AS f SET status = 'retired' WHERE f.id = $1 AND f.project_id = $2", []),
+        ("SELECT 1 FROM facts f WHERE f.project_id = 'p' AND f.subject_id = 's'", []),
+        ("SELECT 1 FROM facts f WHERE f.subject_id = 'p' AND f.id = $1", ["facts"]),
         ("INSERT INTO facts AS f (id, statement) VALUES (%s, %s)", ["facts"]),
         (  # one of two uses of `f` pinned
             "WITH a AS (SELECT f.id FROM facts f WHERE f.project_id = %s)"
