@@ -1,6 +1,6 @@
 """Talent selection with the server's defaults, per catalogue, beside BM25 and cosine.
 
-    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b] [--gate-sweep]
+    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b] [--gate-sweep] [--leaks]
 
 Runs the server's own selection (`satchel.server.talents.domain.selection.select` over a
 `FusedSpace` calibrated with the shipped unrelated tasks, as `TalentService` builds it) on every
@@ -17,6 +17,7 @@ set it prints:
   off_domain.json, how many got a talent; chat: the same per 20 of the 133 requests of
   data/no_tool_requests/fastchat.json (MT-Bench and Vicuna-bench, written by other authors).
 
+`--leaks` lists, per set, the unrelated tasks of off_domain.json that got a talent, with it.
 `--gate-sweep` also prints the gate's trade-off over the set: unrelated tasks served per 20 and
 real tasks gated, by the level's quantile and the contrast for English tasks.
 
@@ -47,6 +48,7 @@ from satchel.server.platform.config import TalentSettings  # noqa: E402
 from satchel.server.talents.domain.fusion import (  # noqa: E402
     GATE_QUANTILE,
     SIMILARITY_GATE_MIN,
+    WORD_GATE_QUANTILE,
     FusedSpace,
     merged_scores,
     sub_intents,
@@ -58,7 +60,7 @@ from satchel.server.talents.domain.selection import (  # noqa: E402
     select,
     stems,
 )
-from satchel.server.talents.domain.terms import is_english, task_terms  # noqa: E402
+from satchel.server.talents.domain.terms import is_english, script_of, task_terms  # noqa: E402
 from satchel.server.talents.service import default_params, unrelated_tasks  # noqa: E402
 
 KS = (1, 3, 5, 10)
@@ -72,7 +74,10 @@ def candidates(dataset: Dataset) -> list[ScorableTalent]:
 
 
 def fused_space(
-    talents: list[ScorableTalent], vectors: Vectors, quantile: float = GATE_QUANTILE
+    talents: list[ScorableTalent],
+    vectors: Vectors,
+    quantile: float = GATE_QUANTILE,
+    word_quantile: float = WORD_GATE_QUANTILE,
 ) -> FusedSpace:
     return FusedSpace.of(
         vectors.passages([t.text for t in talents]),
@@ -81,6 +86,8 @@ def fused_space(
         vectors.queries(unrelated_tasks()),
         quantile,
         multilingual=vectors.model == "e5",
+        unrelated_texts=unrelated_tasks(),
+        word_quantile=word_quantile,
     )
 
 
@@ -111,9 +118,10 @@ def evaluate(
     off: list[str],
     chat: list[str],
     pool_parts: bool = True,
+    leaks: list[str] | None = None,
 ) -> dict[str, float]:
     """The figures of one set (`pool_parts`: sub-intents scored with pooled vectors, else by
-    their words)."""
+    their words); each of the `off` requests that got a talent described in `leaks`."""
     ids = [t.id for t in talents]
     bm25 = BM25([t.full_text for t in talents])
     tasks = [t for t in dataset.tasks if t.gold]
@@ -150,7 +158,7 @@ def evaluate(
             add(f"R@{k}", recall(fused_order[:k], task.gold))
             add(f"bm25 R@{k}", recall(bm25_order[:k], task.gold))
     means = {key: float(np.mean(values)) for key, values in figures.items()}
-    means["off"] = served_count(talents, space, vectors, params, off)
+    means["off"] = served_count(talents, space, vectors, params, off, leaks)
     means["chat"] = served_count(talents, space, vectors, params, chat) * 20 / len(chat)
     means["tasks"] = len(tasks)
     return means
@@ -162,17 +170,29 @@ def served_count(
     vectors: Vectors,
     params: SelectionParams,
     texts: list[str],
+    leaks: list[str] | None = None,
 ) -> int:
-    """How many of these unrelated requests got a talent."""
+    """How many of these unrelated requests got a talent (each described in `leaks`: its
+    first talent, best similarity and, in another language, best word score)."""
     served = 0
     for text, query in zip(texts, vectors.queries(texts), strict=True):
-        served += bool(select(talents, space, query, stems(text), params, task=text).kept)
+        result = select(talents, space, query, stems(text), params, task=text)
+        if result.kept and leaks is not None and result.gate is not None:
+            words = result.gate.best_word_score
+            leaks.append(
+                f"{text[:60]} -> {result.kept[0].id} (similarity"
+                f" {result.gate.best_similarity:.2f}"
+                + ("" if words is None else f", word score {words:.1f}")
+                + ")"
+            )
+        served += bool(result.kept)
     return served
 
 
 SWEEP: list[tuple[float, float | None, str]] = [
     *((q, None, "words") for q in (0.5, 0.6, 0.7, 0.9, 0.95)),
     *((q, c, "words") for q in (0.75, 0.8, 0.85) for c in (None, -0.1, -0.05, -0.02, 0.0)),
+    (0.75, -0.05, "shared"),
     (0.75, -0.05, "level"),
     (0.75, -0.05, "all"),
 ]
@@ -183,7 +203,9 @@ def gate_figures(
     talents: list[ScorableTalent], space: FusedSpace, vectors: Vectors, texts: list[str]
 ) -> np.ndarray:
     """Per task: best similarity to a talent, to the nearest shipped unrelated request, whether
-    it is English (the contrast's condition), and its best word match."""
+    it is English (the contrast's condition), its best word match, and whether it passes the
+    server's word test for other languages (a shared word, and a best BM25F above what the
+    shipped requests of its script reach by accident)."""
     queries = vectors.queries(texts)
     unrelated = space.unrelated if space.unrelated is not None else np.zeros((1, queries.shape[1]))
     rows = []
@@ -191,12 +213,14 @@ def gate_figures(
         unit = query / np.linalg.norm(query)
         evidence = space.evidence(query, task_terms(text))
         words = float(evidence.word_match.max()) if len(evidence.word_match) else 0.0
+        report = space.judge(evidence, query, False, script_of(text))
         rows.append(
             (
                 evidence.best_similarity,
                 float((unrelated @ unit).max()),
                 float(is_english(text)),
                 words,
+                float(not (report.no_shared_word or report.few_words)),
             )
         )
     return np.array(rows)
@@ -212,13 +236,20 @@ def admitted(
     x: np.ndarray, level: float, contrast: float | None, mode: str = "words"
 ) -> np.ndarray:
     """Which tasks (rows of `gate_figures`) a gate at `level` with `contrast` lets through.
-    `mode` says what judges tasks in another language than English: "words" (a shared word,
-    the server's rule with an English model), "level" (nothing more), "all" (the contrast)."""
+    `mode` says what judges tasks in another language than English: "words" (the server's rule
+    with an English model: a shared word, and more word match than the shipped requests of its
+    script reach by accident), "shared" (a shared word alone, the rule before 2026-12-07),
+    "level" (nothing more), "all" (the contrast)."""
     passes = x[:, 0] >= level
     if contrast is None:
         return passes
     english, contrasted = x[:, 2] == 1, x[:, 0] - x[:, 1] > contrast
-    other = {"words": x[:, 3] > 0, "level": np.ones(len(x), dtype=bool), "all": contrasted}[mode]
+    other = {
+        "words": x[:, 4] == 1,
+        "shared": x[:, 3] > 0,
+        "level": np.ones(len(x), dtype=bool),
+        "all": contrasted,
+    }[mode]
     return passes & np.where(english, contrasted, other)
 
 
@@ -255,6 +286,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--gate-quantile", type=float, default=None)
     parser.add_argument(
+        "--word-quantile",
+        type=float,
+        default=WORD_GATE_QUANTILE,
+        help="the word level of tasks in other languages (fusion.WORD_GATE_QUANTILE)",
+    )
+    parser.add_argument(
         "--sub-intents",
         choices=("pooled", "words"),
         default=TalentSettings().sub_intents,
@@ -262,6 +299,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--gate-sweep", action="store_true", help="also print the gate's trade-off table"
+    )
+    parser.add_argument(
+        "--leaks", action="store_true", help="also list the unrelated tasks served, per set"
     )
     args = parser.parse_args()
     vectors = Vectors(args.model)
@@ -289,7 +329,8 @@ def main() -> None:
         if dataset.catalogue not in spaces:
             talents = candidates(dataset)
             quantile = GATE_QUANTILE if args.gate_quantile is None else args.gate_quantile
-            spaces[dataset.catalogue] = (talents, fused_space(talents, vectors, quantile))
+            space = fused_space(talents, vectors, quantile, args.word_quantile)
+            spaces[dataset.catalogue] = (talents, space)
         talents, space = spaces[dataset.catalogue]
         if args.gate_sweep:
             real = [t.text for t in dataset.tasks if t.gold]
@@ -299,7 +340,10 @@ def main() -> None:
                 gate_figures(talents, space, vectors, real),
             )
         pooled = args.sub_intents == "pooled"
-        f = evaluate(dataset, talents, space, vectors, params, off, chat, pooled)
+        leaks: list[str] | None = [] if args.leaks else None
+        f = evaluate(dataset, talents, space, vectors, params, off, chat, pooled, leaks)
+        if leaks:
+            print("\n".join(f"    served, unrelated: {leak}" for leak in leaks))
         rows[dataset.name] = f
         print(
             f"{dataset.name:16} {f['tasks']:>5.0f} {f['served']:>6.2f} {f['recall']:>6.3f}"

@@ -122,18 +122,22 @@ class TalentSelection(_message.Message):
     def __init__(self, selected: _Optional[_Iterable[_Union[SelectedTalent, _Mapping]]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedTalent, _Mapping]]] = ..., out_of_domain: _Optional[bool] = ..., note: _Optional[str] = ..., compiled: _Optional[str] = ..., tokens_selected: _Optional[int] = ..., tokens_candidates: _Optional[int] = ..., relevance: _Optional[_Union[RelevanceMode, str]] = ..., params: _Optional[_Union[TalentSelectionParams, _Mapping]] = ..., gate: _Optional[_Union[TalentGate, _Mapping]] = ..., excluded_unlisted: _Optional[int] = ...) -> None: ...
 
 class TalentGate(_message.Message):
-    __slots__ = ("best_similarity", "similarity_threshold", "calibration_tasks", "unrelated_similarity", "best_word_match")
+    __slots__ = ("best_similarity", "similarity_threshold", "calibration_tasks", "unrelated_similarity", "best_word_match", "best_word_score", "word_score_threshold")
     BEST_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_TASKS_FIELD_NUMBER: _ClassVar[int]
     UNRELATED_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     BEST_WORD_MATCH_FIELD_NUMBER: _ClassVar[int]
+    BEST_WORD_SCORE_FIELD_NUMBER: _ClassVar[int]
+    WORD_SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     best_similarity: float
     similarity_threshold: float
     calibration_tasks: int
     unrelated_similarity: float
     best_word_match: float
-    def __init__(self, best_similarity: _Optional[float] = ..., similarity_threshold: _Optional[float] = ..., calibration_tasks: _Optional[int] = ..., unrelated_similarity: _Optional[float] = ..., best_word_match: _Optional[float] = ...) -> None: ...
+    best_word_score: float
+    word_score_threshold: float
+    def __init__(self, best_similarity: _Optional[float] = ..., similarity_threshold: _Optional[float] = ..., calibration_tasks: _Optional[int] = ..., unrelated_similarity: _Optional[float] = ..., best_word_match: _Optional[float] = ..., best_word_score: _Optional[float] = ..., word_score_threshold: _Optional[float] = ...) -> None: ...
 
 class TalentSelectionParams(_message.Message):
     __slots__ = ("floor", "beta", "margin", "budget_tokens", "scoring", "text_weight", "max_served")

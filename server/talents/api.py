@@ -231,6 +231,8 @@ def _gate(report: GateReport | None) -> talent_pb2.TalentGate | None:
         calibration_tasks=report.gate.calibration_tasks,
         unrelated_similarity=report.unrelated_similarity,
         best_word_match=report.best_word_match,
+        best_word_score=report.best_word_score,
+        word_score_threshold=report.word_score_level,
     )
 
 

@@ -146,6 +146,7 @@ of each candidate set (`talent_fusion`)."""
 
 
 @functools.cache
+@functools.cache
 def unrelated_tasks() -> tuple[str, ...]:
     """The texts of the shipped unrelated tasks."""
     document = json.loads(UNRELATED_TASKS.read_text(encoding="utf-8"))
@@ -681,6 +682,7 @@ class TalentService:
                 await self._unrelated_tasks(conn),
                 self.runtime.settings.talents.gate_quantile,
                 multilingual=is_multilingual(self.model_id),
+                unrelated_texts=unrelated_tasks(),
             )
             space = (fused, None)
         else:

@@ -15,8 +15,10 @@ from satchel.server.talents.domain.fusion import (
     MAX_SUB_INTENTS,
     SIMILARITY_GATE_MIN,
     SUB_INTENT_DEPTH,
+    WORD_GATE_QUANTILE,
     FusedSpace,
     Gate,
+    GateReport,
     calibrate,
     merged_scores,
     sub_intents,
@@ -32,7 +34,7 @@ from satchel.server.talents.domain.selection import (
     schema_text,
     select,
 )
-from satchel.server.talents.domain.terms import analyze, is_english, task_terms
+from satchel.server.talents.domain.terms import analyze, is_english, script_of, task_terms
 
 FUSED = SelectionParams(floor=None, margin=4.0, scoring=Scoring.FUSED, max_served=8)
 
@@ -270,6 +272,66 @@ def test_an_english_task_nearer_an_unrelated_request_than_any_talent_is_gated() 
     kept = select(talents(names), space, chat, set(), forced, task="Is it warm today?")
     assert kept.kept_ids[0] == "weather" and kept.gate is not None
     assert kept.gate.unrelated_similarity is None and kept.gate.best_word_match is None
+
+
+CHINESE_TOOLS = [
+    ("天气预报", "查询城市未来几天的天气预报和气温"),
+    ("日历事件", "在日历中创建和管理会议事件"),
+    ("汇率换算", "查询两种货币之间的实时汇率"),
+    ("翻译文本", "把一段中文文本翻译成英文"),
+]
+CHINESE_UNRELATED = [
+    "写一首关于天气的诗",
+    "天气冷的时候吃什么好",
+    "天气预报员是怎么工作的",
+    "讲一个关于熊猫的笑话",
+    "Écris un poème sur la météo",
+    "Raconte une blague sur le calendrier",
+    "Why is the sky blue?",
+]
+
+
+def test_a_task_in_another_language_must_match_words_as_the_unrelated_requests_do() -> None:
+    """An English model gives every Chinese text a high cosine with every Chinese tool: beyond
+    the level and a shared word, a task in another language must match the candidates' words
+    (best BM25F) better than the shipped unrelated requests of its script that share a word
+    with them do (their lower quartile), per catalogue."""
+    fields = [TalentFields(name=name, summary=summary) for name, summary in CHINESE_TOOLS]
+    lexical = FieldIndex.of(fields)
+    tools = np.eye(4)
+    unrelated = unit_rows([[0.2, 0.2, 0.2, 1.0]] * len(CHINESE_UNRELATED))
+    space = FusedSpace.of(tools, tools, lexical, unrelated, unrelated_texts=CHINESE_UNRELATED)
+    chinese = [t for t in CHINESE_UNRELATED if script_of(t) == "cjk"]
+    assert len(chinese) == 4 and script_of("Raconte une blague") == "latin"
+    best = [float(lexical.scores(task_terms(t)).max()) for t in chinese]
+    accidental = [score for score in best if score > 0]
+    assert len(accidental) == 3, "the joke request shares no word with these tools"
+    level = float(np.quantile(accidental, WORD_GATE_QUANTILE))
+    assert space.gate.word_level("cjk") == pytest.approx(level) and level > 0
+    assert space.gate.word_level("latin") is None  # no French request shares a word here
+
+    near_weather = unit_rows([[1.0, 0, 0, 0.2]])[0]  # past the level, like any Chinese text
+
+    def judged(task: str) -> GateReport:
+        evidence = space.evidence(near_weather, task_terms(task))
+        return space.judge(evidence, near_weather, is_english(task), script_of(task))
+
+    real = judged("帮我查一下北京明天的天气预报")
+    assert real.admitted and real.word_score_level == pytest.approx(level)
+    assert real.best_word_score is not None and real.best_word_score > level
+    chat = judged("今天天气真好啊")  # shares "天气" with the weather tool, and nothing more
+    assert chat.best_word_match is not None and chat.best_word_match > 0  # a shared word
+    assert chat.few_words and not chat.admitted
+    assert "what the shipped unrelated requests in its script reach by accident" in chat.note()
+    english = judged("What will the weather be like in Beijing tomorrow?")
+    assert english.best_word_score is None and english.word_score_level is None
+
+    # With a multilingual model, or without the requests' texts, no word level.
+    multilingual = FusedSpace.of(
+        tools, tools, lexical, unrelated, multilingual=True, unrelated_texts=CHINESE_UNRELATED
+    )
+    assert multilingual.gate.word_levels == ()
+    assert FusedSpace.of(tools, tools, lexical, unrelated).gate.word_levels == ()
 
 
 def test_calibration_never_goes_below_the_minimum() -> None:

@@ -178,3 +178,44 @@ async def test_the_seed_compile_everything_stays_reachable(
         await srv.stop()
     assert selection.relevance == talent_pb2.RELEVANCE_MODE_OFF
     assert {t.talent_id for t in selection.selected} == set(ids.values())
+
+
+CHINESE_TOOLS = {
+    "weather_cn": "查询城市未来几天的天气预报和气温",
+    "calendar_cn": "在日历中创建和管理会议事件",
+    "translate_cn": "把一段中文文本翻译成英文",
+    "exchange_cn": "查询两种货币之间的实时汇率",
+    "idioms_cn": "查询成语和古诗词的出处与意思",
+    "jokes_cn": "按主题随机返回一个笑话或故事",
+}
+
+
+async def test_a_chinese_request_must_match_the_words_as_a_real_task_does(
+    channel: grpc.aio.Channel, project_id: str
+) -> None:
+    """MiniLM gives any Chinese text a high cosine with any Chinese tool, so the level alone
+    let Chinese chit-chat through on one common bigram ("天的", in "几天的天气"): a task in
+    another language must match the tools' words better than the shipped unrelated requests
+    of its script do by accident on this catalogue."""
+    talents = stub(channel)
+    ids = [f"{project_id}.{name}" for name in CHINESE_TOOLS]
+    for talent_id, (name, summary) in zip(ids, CHINESE_TOOLS.items(), strict=True):
+        talent = talent_pb2.Talent(id=talent_id, name=name, summary=summary)
+        await talents.UpsertTalent(talent_pb2.UpsertTalentRequest(talent=talent))
+    await activate(talents, project_id, ids)
+
+    found = await search(channel, project_id, "帮我查一下北京明天的天气预报")
+    assert [t.talent_id for t in found.tools][:1] == [f"{project_id}.weather_cn"]
+    gate = found.selection.gate
+    assert gate.HasField("word_score_threshold") and gate.word_score_threshold > 0
+    assert gate.best_word_score > gate.word_score_threshold
+    for chat in ("今天天气真好啊\uff0c你觉得呢\uff1f", "写一首关于春天的五言绝句。"):
+        found = await search(channel, project_id, chat)
+        assert found.none_fits and not found.tools, chat
+        gate = found.selection.gate
+        assert gate.best_similarity >= gate.similarity_threshold, "the level alone admits it"
+        assert gate.best_word_match > 0, "it shares a word with a tool"
+        assert 0 < gate.best_word_score <= gate.word_score_threshold
+        assert "by accident" in found.note
+    english = await search(channel, project_id, "What will the weather be in Beijing tomorrow?")
+    assert not english.selection.gate.HasField("word_score_threshold")

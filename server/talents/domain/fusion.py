@@ -15,7 +15,8 @@ talent (chit-chat, general knowledge, creative writing, in six languages, `unrel
 a task passes when its best similarity to a candidate reaches what the most talent-like quarter
 of those reach on this catalogue (their 75th percentile) and, for an English task, when it is
 closer to that candidate than to the nearest of those requests (a task in another language must
-share a word with some candidate instead). A fixed floor cannot do this: the best of hundreds of
+instead share a word with some candidate, and match the candidates' words better than those
+requests in its script do by accident). A fixed floor cannot do this: the best of hundreds of
 cosines is high for any task on a broad catalogue, and the right floor differs by catalogue and
 model. Why it abstained is reported with the figures.
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from satchel.server.talents.domain.lexical import FieldIndex
-from satchel.server.talents.domain.terms import CJK_CHARACTER
+from satchel.server.talents.domain.terms import CJK_CHARACTER, is_english, script_of, task_terms
 
 LEXICAL_WEIGHT = 1.0
 """The weight of BM25F's z-score beside the two cosines' (1.0 measured best on the DEV sets)."""
@@ -52,6 +53,18 @@ MiniLM reads other languages too poorly (for every language it gated 44 % of our
 tasks); a task in another language must share a word with some talent instead (not with a
 multilingual model). Measured in
 benchmarks/talents.md."""
+
+WORD_GATE_SCRIPTS = ("cjk", "latin")
+"""The scripts (`terms.script_of`) by which tasks in another language than English are judged
+on their words."""
+
+WORD_GATE_QUANTILE = 0.25
+"""A task in another language than English, which an English model reads poorly, must match
+some talent's words (its best BM25F) better than this quantile of the accidental matches: the
+best BM25F of the shipped unrelated requests of its script that share a word with the
+catalogue. MiniLM gives every Chinese text a cosine of 0.6-0.7 with every Chinese tool, so
+Chinese chit-chat passed the level, sharing one common bigram with some tool ("天的"). Higher
+quantiles stop more unrelated tasks and gate more French ones (benchmarks/talents.md)."""
 
 SIMILARITY_GATE_MIN = 0.15
 """The gate never sits below this, whatever the calibration says."""
@@ -84,25 +97,32 @@ class Gate:
     reaches `similarity` and, for an English task, exceeds its similarity to the nearest shipped
     unrelated request by more than `contrast`, for a task in another language, when some
     candidate shares a word with it (`shared_word`: false for a multilingual model, whose
-    similarities cross languages; `contrast` None: the level alone). `calibration_tasks`: how
+    similarities cross languages; `contrast` None: the level alone), and its best BM25F exceeds
+    `word_levels[script]` (WORD_GATE_QUANTILE, per script). `calibration_tasks`: how
     many unrelated tasks set it (0: not calibrated, SIMILARITY_GATE_MIN alone)."""
 
     similarity: float
     calibration_tasks: int = 0
     contrast: float | None = None
     shared_word: bool = True
+    word_levels: tuple[tuple[str, float], ...] = ()
+
+    def word_level(self, script: str) -> float | None:
+        return dict(self.word_levels).get(script)
 
 
 @dataclass(frozen=True)
 class GateReport:
     """What the gate saw of one task: its thresholds, the task's best similarity to a
     candidate and, when the second test applied, its similarity to the nearest shipped
-    unrelated request (English) or its best word match (other languages)."""
+    unrelated request (English) or its best word match and best BM25F (other languages)."""
 
     gate: Gate
     best_similarity: float
     unrelated_similarity: float | None = None
     best_word_match: float | None = None
+    best_word_score: float | None = None
+    word_score_level: float | None = None
 
     @property
     def below_level(self) -> bool:
@@ -119,8 +139,16 @@ class GateReport:
         return self.best_word_match is not None and self.best_word_match <= 0
 
     @property
+    def few_words(self) -> bool:
+        if self.best_word_score is None or self.word_score_level is None:
+            return False
+        return self.best_word_score <= self.word_score_level
+
+    @property
     def admitted(self) -> bool:
-        return not (self.below_level or self.nearer_unrelated or self.no_shared_word)
+        return not (
+            self.below_level or self.nearer_unrelated or self.no_shared_word or self.few_words
+        )
 
     def note(self) -> str:
         """Why the gate abstained, for people."""
@@ -138,6 +166,12 @@ class GateReport:
             return (
                 f"best similarity {self.best_similarity:.2f}, but no talent shares a word with"
                 " the task"
+            )
+        if self.few_words:
+            return (
+                f"best similarity {self.best_similarity:.2f}, but its best word match"
+                f" {self.best_word_score:.1f} does not exceed {self.word_score_level:.1f},"
+                " what the shipped unrelated requests in its script reach by accident here"
             )
         return (
             f"best similarity {self.best_similarity:.2f}, but {self.unrelated_similarity:.2f}"
@@ -245,10 +279,14 @@ class FusedSpace:
         unrelated: np.ndarray | None = None,
         quantile: float = GATE_QUANTILE,
         multilingual: bool = False,
+        unrelated_texts: Sequence[str] = (),
+        word_quantile: float = WORD_GATE_QUANTILE,
     ) -> FusedSpace:
         """The space of these candidates (row i = candidate i), its gate calibrated on the
-        vectors of the `unrelated` tasks (query prefix included), shape (m, d), at `quantile`;
-        `multilingual`: the model's similarities cross languages (no shared word required)."""
+        vectors of the `unrelated` tasks (query prefix included), shape (m, d), at `quantile`,
+        and on their `unrelated_texts` when given (each script's accidental word matches, at
+        `word_quantile`); `multilingual`: the model's similarities cross languages (no word
+        test)."""
         short, full = _unit_rows(short_vectors), _unit_rows(full_vectors)
         if not len(short) == len(full) == len(lexical):
             raise ValueError(f"{len(short)}, {len(full)} vectors for {len(lexical)} candidates")
@@ -257,24 +295,37 @@ class FusedSpace:
         vectors = _unit_rows(unrelated)
         best = np.maximum(vectors @ short.T, vectors @ full.T).max(axis=1)
         gate = replace(calibrate(best.tolist(), quantile), shared_word=not multilingual)
+        if not multilingual and unrelated_texts:
+            levels = word_levels(lexical, unrelated_texts, word_quantile)
+            gate = replace(gate, word_levels=levels)
         return cls(short, full, lexical, gate, vectors)
 
     def __len__(self) -> int:
         return len(self.short)
 
-    def judge(self, evidence: Evidence, task_vector: np.ndarray, english: bool) -> GateReport:
+    def judge(
+        self, evidence: Evidence, task_vector: np.ndarray, english: bool, script: str = "latin"
+    ) -> GateReport:
         """The gate's verdict on a task (its evidence and vector). Beyond the level, an
         `english` task is compared with the unrelated requests; a task in another language,
         which an English model reads too poorly for that, must share a word with some
-        candidate (not with a multilingual model). Neither applies when the gate has no
-        contrast (a request's floor)."""
+        candidate and match the candidates' words better than the unrelated requests of its
+        `script` (`terms.script_of`) do by accident (not with a multilingual model). Neither
+        applies when the gate has no contrast (a request's floor)."""
         if self.gate.contrast is None:
             return GateReport(self.gate, evidence.best_similarity)
         if not english:
             if not self.gate.shared_word:
                 return GateReport(self.gate, evidence.best_similarity)
             words = float(evidence.word_match.max()) if len(evidence.word_match) else 0.0
-            return GateReport(self.gate, evidence.best_similarity, best_word_match=words)
+            score = float(evidence.bm25f.max()) if len(evidence.bm25f) else 0.0
+            return GateReport(
+                self.gate,
+                evidence.best_similarity,
+                best_word_match=words,
+                best_word_score=score,
+                word_score_level=self.gate.word_level(script),
+            )
         nearest = None
         if self.unrelated is not None:
             task = np.asarray(task_vector, dtype=np.float32).reshape(-1)
@@ -321,6 +372,24 @@ class FusedSpace:
             bm25f,
             bm25f / scale if scale > 0 else bm25f,
         )
+
+
+def word_levels(
+    lexical: FieldIndex, unrelated_texts: Sequence[str], quantile: float = WORD_GATE_QUANTILE
+) -> tuple[tuple[str, float], ...]:
+    """Per script (WORD_GATE_SCRIPTS), the `quantile` of the best BM25F of the unrelated
+    requests in other languages than English that share a word with these candidates (none:
+    no level for that script)."""
+    best: dict[str, list[float]] = {script: [] for script in WORD_GATE_SCRIPTS}
+    for text in unrelated_texts:
+        if is_english(text):
+            continue
+        scores = lexical.scores(task_terms(text))
+        if len(scores) and scores.max() > 0:
+            best[script_of(text)].append(float(scores.max()))
+    return tuple(
+        (script, float(np.quantile(values, quantile))) for script, values in best.items() if values
+    )
 
 
 def calibrate(best_similarities: Sequence[float], quantile: float = GATE_QUANTILE) -> Gate:

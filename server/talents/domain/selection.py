@@ -43,7 +43,7 @@ import numpy as np
 from satchel.server.platform.tokens import estimate_tokens
 from satchel.server.talents.domain.fusion import FusedSpace, GateReport, merged_scores, sub_intents
 from satchel.server.talents.domain.lexical import LexicalIndex, TalentFields
-from satchel.server.talents.domain.terms import is_english, task_terms
+from satchel.server.talents.domain.terms import is_english, script_of, task_terms
 
 NOTE_OUT_OF_DOMAIN = "no specific talent for this task"
 NOTE_FALLBACK = "no talent passed the cut; kept the top 3 by score"
@@ -467,7 +467,7 @@ def _select_fused(
     else:
         scores = [space.word_scores(task_terms(part)) for part in parts]
     fused = merged_scores(evidence.fused, scores, params.margin)
-    report = space.judge(evidence, task_vector, is_english(task))
+    report = space.judge(evidence, task_vector, is_english(task), script_of(task))
     # Only the rows that can be served or listed are built (a catalogue may hold thousands):
     # those within the margin and the LISTED_EXCLUSIONS next; the rest are counted.
     within = int((fused >= fused.max() - params.margin).sum()) if report.admitted else 0

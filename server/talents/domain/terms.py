@@ -95,6 +95,13 @@ def is_english(text: str) -> bool:
     return text_language(_words(text)) == "english"
 
 
+def script_of(text: str) -> str:
+    """ "cjk" for a text with a Chinese, Japanese or Korean character, else "latin": what the
+    gate groups tasks in other languages than English by (their word matches differ in kind:
+    CJK bigrams against words)."""
+    return "cjk" if CJK_CHARACTER.search(text) else "latin"
+
+
 def _words(text: str) -> list[str]:
     return _WORD.findall(_CAMEL.sub(" ", text).casefold())
 

@@ -217,7 +217,8 @@ export interface TalentSelection {
  * best similarity reaches the threshold calibrated for the candidates (the level that the
  * shipped unrelated requests reach on them) and, for an English task, when it is closer to its
  * best candidate than to the nearest of those requests, for a task in another language, when
- * some candidate shares a word with it.
+ * some candidate shares a word with it and its best word score reaches what those requests in
+ * its script (CJK or Latin) reach on the candidates.
  */
 export interface TalentGate {
   /** The best cosine similarity of the task with any candidate (short or full text). */
@@ -237,7 +238,22 @@ export interface TalentGate {
    * For a task in another language than English (no floor in the request): its best word match
    * (text_rank) with any candidate; 0 gates it, as no talent shares a word with it.
    */
-  bestWordMatch?: number | undefined;
+  bestWordMatch?:
+    | number
+    | undefined;
+  /**
+   * For a task in another language than English (no floor in the request): its best word score
+   * (BM25F over the candidates' fields) with any candidate.
+   */
+  bestWordScore?:
+    | number
+    | undefined;
+  /**
+   * The word score to reach: the level that the shipped unrelated requests in the task's script
+   * reach on the candidates (unset when none of them is in that script, or with a
+   * multilingual model, whose similarities cross languages).
+   */
+  wordScoreThreshold?: number | undefined;
 }
 
 /** TalentSelectionParams are the tunables of the relevance cut. */
@@ -1516,6 +1532,8 @@ function createBaseTalentGate(): TalentGate {
     calibrationTasks: 0,
     unrelatedSimilarity: undefined,
     bestWordMatch: undefined,
+    bestWordScore: undefined,
+    wordScoreThreshold: undefined,
   };
 }
 
@@ -1535,6 +1553,12 @@ export const TalentGate: MessageFns<TalentGate> = {
     }
     if (message.bestWordMatch !== undefined) {
       writer.uint32(41).double(message.bestWordMatch);
+    }
+    if (message.bestWordScore !== undefined) {
+      writer.uint32(49).double(message.bestWordScore);
+    }
+    if (message.wordScoreThreshold !== undefined) {
+      writer.uint32(57).double(message.wordScoreThreshold);
     }
     return writer;
   },
@@ -1592,6 +1616,22 @@ export const TalentGate: MessageFns<TalentGate> = {
             message.bestWordMatch = reader.double();
             continue;
           }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.bestWordScore = reader.double();
+            continue;
+          }
+          case 7: {
+            if (tag !== 57) {
+              break;
+            }
+
+            message.wordScoreThreshold = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1631,6 +1671,16 @@ export const TalentGate: MessageFns<TalentGate> = {
         : isSet(object.best_word_match)
         ? globalThis.Number(object.best_word_match)
         : undefined,
+      bestWordScore: isSet(object.bestWordScore)
+        ? globalThis.Number(object.bestWordScore)
+        : isSet(object.best_word_score)
+        ? globalThis.Number(object.best_word_score)
+        : undefined,
+      wordScoreThreshold: isSet(object.wordScoreThreshold)
+        ? globalThis.Number(object.wordScoreThreshold)
+        : isSet(object.word_score_threshold)
+        ? globalThis.Number(object.word_score_threshold)
+        : undefined,
     };
   },
 
@@ -1651,6 +1701,12 @@ export const TalentGate: MessageFns<TalentGate> = {
     if (message.bestWordMatch !== undefined) {
       obj.bestWordMatch = floatToJson(message.bestWordMatch);
     }
+    if (message.bestWordScore !== undefined) {
+      obj.bestWordScore = floatToJson(message.bestWordScore);
+    }
+    if (message.wordScoreThreshold !== undefined) {
+      obj.wordScoreThreshold = floatToJson(message.wordScoreThreshold);
+    }
     return obj;
   },
 
@@ -1664,6 +1720,8 @@ export const TalentGate: MessageFns<TalentGate> = {
     message.calibrationTasks = object.calibrationTasks ?? 0;
     message.unrelatedSimilarity = object.unrelatedSimilarity ?? undefined;
     message.bestWordMatch = object.bestWordMatch ?? undefined;
+    message.bestWordScore = object.bestWordScore ?? undefined;
+    message.wordScoreThreshold = object.wordScoreThreshold ?? undefined;
     return message;
   },
 };
