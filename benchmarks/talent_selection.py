@@ -1,6 +1,7 @@
 """Talent selection with the server's defaults, per catalogue, beside BM25 and cosine.
 
-    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b] [--gate-sweep] [--leaks]
+    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b]
+        [--gate-sweep] [--leaks] [--word-quantile Q]
 
 Runs the server's own selection (`satchel.server.talents.domain.selection.select` over a
 `FusedSpace` calibrated with the shipped unrelated tasks, as `TalentService` builds it) on every

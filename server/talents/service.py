@@ -146,7 +146,6 @@ of each candidate set (`talent_fusion`)."""
 
 
 @functools.cache
-@functools.cache
 def unrelated_tasks() -> tuple[str, ...]:
     """The texts of the shipped unrelated tasks."""
     document = json.loads(UNRELATED_TASKS.read_text(encoding="utf-8"))

@@ -96,9 +96,9 @@ def is_english(text: str) -> bool:
 
 
 def script_of(text: str) -> str:
-    """ "cjk" for a text with a Chinese, Japanese or Korean character, else "latin": what the
-    gate groups tasks in other languages than English by (their word matches differ in kind:
-    CJK bigrams against words)."""
+    """The script a text's words are matched in: "cjk" when it has a Chinese, Japanese or
+    Korean character (matched as bigrams), else "latin" (matched as words). The gate groups
+    tasks in other languages than English by it."""
     return "cjk" if CJK_CHARACTER.search(text) else "latin"
 
 

@@ -217,8 +217,8 @@ export interface TalentSelection {
  * best similarity reaches the threshold calibrated for the candidates (the level that the
  * shipped unrelated requests reach on them) and, for an English task, when it is closer to its
  * best candidate than to the nearest of those requests, for a task in another language, when
- * some candidate shares a word with it and its best word score reaches what those requests in
- * its script (CJK or Latin) reach on the candidates.
+ * some candidate shares a word with it and its best word score exceeds what those requests in
+ * its script (CJK or Latin) match by accident on the candidates.
  */
 export interface TalentGate {
   /** The best cosine similarity of the task with any candidate (short or full text). */
@@ -249,9 +249,10 @@ export interface TalentGate {
     | number
     | undefined;
   /**
-   * The word score to reach: the level that the shipped unrelated requests in the task's script
-   * reach on the candidates (unset when none of them is in that script, or with a
-   * multilingual model, whose similarities cross languages).
+   * The word score to exceed: the lower quartile of the best word scores of the shipped
+   * unrelated requests in the task's script (CJK or Latin) that share a word with the
+   * candidates. Unset when none of them does, or with a multilingual model, whose similarities
+   * cross languages.
    */
   wordScoreThreshold?: number | undefined;
 }
