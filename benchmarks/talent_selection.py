@@ -1,6 +1,6 @@
 """Talent selection with the server's defaults, per catalogue, beside BM25 and cosine.
 
-    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5] [--sets a,b]
+    .venv/bin/python benchmarks/talent_selection.py [--model minilm|e5|mpnet] [--sets a,b]
         [--gate-sweep] [--leaks] [--word-quantile Q]
 
 Runs the server's own selection (`satchel.server.talents.domain.selection.select` over a
@@ -280,7 +280,7 @@ def sweep(rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="minilm", choices=("minilm", "e5"))
+    parser.add_argument("--model", default="minilm", choices=("minilm", "e5", "mpnet"))
     parser.add_argument("--sets", default="", help="comma-separated set names (default: all)")
     parser.add_argument("--margin", type=float, default=None)
     parser.add_argument("--max-served", type=int, default=None)

@@ -297,6 +297,33 @@ def main() -> None:
                 label = f"{norm.upper()}-norm, level {q}, contrast {contrast or 'none'}"
                 report(label, lambda cat, n=norm, q=q, c=contrast: normalised(cat, n, q, c))
 
+    def both_texts(catalogue: str, q: float, c: float, same_talent: bool) -> Rule:
+        """Each text's own level (quantile `q` of the shipped requests' best cosine with the
+        short texts, and with the full ones), both reached: by the task's best of each
+        (`same_talent` False) or by one talent's two texts; the contrast kept."""
+        space = spaces[catalogue]
+        level_short = max(float(np.quantile((shipped @ space.short.T).max(axis=1), q)), 0.15)
+        level_full = max(float(np.quantile((shipped @ space.full.T).max(axis=1), q)), 0.15)
+
+        def passes(batch: Batch) -> np.ndarray:
+            x = batch.x
+            short, full = x @ space.short.T, x @ space.full.T
+            if same_talent:
+                reached = (np.minimum(short - level_short, full - level_full) >= 0).any(axis=1)
+            else:
+                reached = (short.max(axis=1) >= level_short) & (full.max(axis=1) >= level_full)
+            top = np.maximum(short, full).max(axis=1)
+            contrast = top - (x @ shipped.T).max(axis=1) > c
+            result: np.ndarray = reached & np.where(batch.english, contrast, True)
+            return result
+
+        return passes
+
+    for same in (False, True):
+        for q in (0.6, 0.7, 0.75):
+            label = f"both texts {'of one talent' if same else 'each'}, level {q}, contrast -0.05"
+            report(label, lambda cat, q=q, s=same: both_texts(cat, q, -0.05, s))
+
 
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ CACHE_DIR = Path(tempfile.gettempdir()) / "satchel-catalogues"
 MODELS = {
     "minilm": "sentence-transformers/all-MiniLM-L6-v2",
     "e5": "intfloat/multilingual-e5-small",
+    "mpnet": "sentence-transformers/all-mpnet-base-v2",
 }
 
 
@@ -40,7 +41,11 @@ class Vectors:
     def __init__(self, model: str) -> None:
         self.model = model
         self._embedder = None
-        names = {"minilm": "all-MiniLM-L6-v2-onnx-qint8", "e5": "multilingual-e5-small-onnx-qint8"}
+        names = {
+            "minilm": "all-MiniLM-L6-v2-onnx-qint8",
+            "e5": "multilingual-e5-small-onnx-qint8",
+            "mpnet": "all-mpnet-base-v2-onnx-qint8",
+        }
         self.path = CACHE_DIR / f"talent-design-vectors-{names[model]}.npz"
         shared = CACHE_DIR / f"vectors-{names[model]}.npz"
         self.vectors: dict[str, np.ndarray] = {}
