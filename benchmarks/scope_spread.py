@@ -12,9 +12,10 @@ turn, so that the sizes compared share the machine's noise. The calls go to the 
 project `bench-scale` scored exactly (at most SATCHEL_EXACT_SCOPE_MAX facts: every scope but
 the few largest), the query's embedding timed alone in this process before each. Printed per
 size: p50 / p95 of both, their ratio, the scope cache's hit rate, loads, evictions and copies
-turned away over the measured calls (its metrics) and the server's RSS. The first half of the
-calls warms the servers and their caches up (a scope is loaded on its second read); the second
-half is measured.
+turned away over the measured calls (its metrics), the server's RSS, and p50 / p95 of the
+calls to the scopes of about the median size (half to twice it), issue 39's targets, among
+the calls to every scope. The first half of the calls warms the servers and their caches up
+(a scope is loaded on its second read); the second half is measured.
 
 - round-robin: every scope in turn, the same order each round;
 - Zipf: scope of rank r drawn with probability ∝ 1 / r^1.1 (ranks shuffled over the scopes).
@@ -61,17 +62,24 @@ def _free_port() -> int:
         return port
 
 
-def exact_scopes(dsn: str, exact_scope_max: int) -> list[str]:
-    """The project's scopes scored exactly, smallest first."""
+def exact_scopes(dsn: str, exact_scope_max: int) -> dict[str, int]:
+    """The project's scopes scored exactly and their active facts, smallest first."""
     import psycopg
 
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
-            "SELECT subject_id FROM facts WHERE project_id = %s AND status = 'active'"
+            "SELECT subject_id, count(*) FROM facts WHERE project_id = %s AND status = 'active'"
             " GROUP BY subject_id HAVING count(*) <= %s ORDER BY count(*), subject_id",
             (PROJECT, exact_scope_max),
         ).fetchall()
-    return [subject for (subject,) in rows]
+    return dict(rows)
+
+
+def median_sized(sizes: dict[str, int]) -> set[str]:
+    """The scopes of about the median size (half to twice it): the calls issue 39's targets
+    are about, measured among the calls to every scope."""
+    median = statistics.median(sizes.values())
+    return {subject for subject, size in sizes.items() if median / 2 <= size <= median * 2}
 
 
 def order(spread: str, scopes: list[str], calls: int, seed: int) -> Iterator[str]:
@@ -160,10 +168,12 @@ async def measure_cases(
     embedder: Embedder,
     texts: list[str],
     subjects: list[str],
+    median_scopes: set[str],
 ) -> list[dict[str, float]]:
     """One server per case (a database and a cache size), all up at once; each call sent to
     every server in turn (which goes first alternates), so that they share the machine's
-    noise. The first half of the calls warms up; figures of the second half, per case."""
+    noise. The first half of the calls warms up; figures of the second half, per case, for
+    every call and for the calls to `median_scopes` (`median_p50`, `median_p95`)."""
     from satchel.v1 import context_pb2, context_pb2_grpc
 
     servers = [_start_server(dsn, data_dir, mb) for dsn, mb in cases]
@@ -174,6 +184,7 @@ async def measure_cases(
         stubs = [context_pb2_grpc.ContextServiceStub(channel) for channel in channels]
         warm = len(subjects) // 2
         call_ms: list[list[float]] = [[] for _ in servers]
+        median_ms: list[list[float]] = [[] for _ in servers]
         embed_ms: list[float] = []
         before = [dict.fromkeys(COUNTERS, 0.0) for _ in servers]
         for i, (subject, text) in enumerate(zip(subjects, texts, strict=False)):
@@ -192,6 +203,8 @@ async def measure_cases(
                 await stubs[k].AssembleContext(request)
                 if i >= warm:
                     call_ms[k].append((time.perf_counter() - sent) * 1000)
+                    if subject in median_scopes:
+                        median_ms[k].append(call_ms[k][-1])
         after = [_cache_counters(port) for _, _, port in servers]
         rss = [_rss_mb(server.pid) for server, _, _ in servers]
     finally:
@@ -208,6 +221,8 @@ async def measure_cases(
             {
                 "p50": statistics.median(call_ms[k]),
                 "p95": statistics.quantiles(call_ms[k], n=20)[-1],
+                "median_p50": statistics.median(median_ms[k]),
+                "median_p95": statistics.quantiles(median_ms[k], n=20)[-1],
                 "embed": embed,
                 "hit_rate": counted["hits"] / looked_up if looked_up else float("nan"),
                 "rss": rss[k],
@@ -237,23 +252,29 @@ def run_spread(
 
     data_dir = Path(tempfile.mkdtemp(prefix="satchel-spread-", dir="/var/tmp"))
     embedder = load_embedder(Settings.from_env())
-    scopes = exact_scopes(dsn, exact_scope_max)
+    sizes = exact_scopes(dsn, exact_scope_max)
+    scopes, median_scopes = list(sizes), median_sized(sizes)
     rng = random.Random(3)
     queries = [rng.choice(texts) for _ in range(calls)]
     databases = (dsn, *other_dsns)
     cases = [(db, mb) for db in databases for mb in cache_sizes]
     print(
         f"\n=== {calls} calls spread over the {len(scopes)} scopes scored exactly"
-        f" (the first {calls // 2} warm up; cases served side by side) ==="
+        f" (the first {calls // 2} warm up; cases served side by side); 'median-size': the"
+        f" calls among them to the {len(median_scopes)} scopes of"
+        f" {min(sizes[s] for s in median_scopes)}-{max(sizes[s] for s in median_scopes)} facts"
+        f" (half to twice the median) ==="
     )
     database = "| database " if other_dsns else ""
     print(f"| spread {database}| cache MB | p50 ms | p95 ms | embedding p50 ms |", end="")
     print(" p50 / embedding | p95 / p50 | hit rate | loads / evictions / turned away |", end="")
-    print(" server RSS MB |")
-    print("|---" * (10 + bool(other_dsns)) + "|")
+    print(" server RSS MB | median-size p50 / p95 ms | their p50 / embedding | their p95 / p50 |")
+    print("|---" * (13 + bool(other_dsns)) + "|")
     for spread in spreads:
         subjects = list(order(spread, scopes, calls, seed=11))
-        figures = asyncio.run(measure_cases(cases, data_dir, embedder, queries, subjects))
+        figures = asyncio.run(
+            measure_cases(cases, data_dir, embedder, queries, subjects, median_scopes)
+        )
         for (db, cache_mb), f in zip(cases, figures, strict=True):
             name = f"| {urllib.parse.urlsplit(db).path.lstrip('/')} " if other_dsns else ""
             hit = "-" if cache_mb == 0 else f"{100 * f['hit_rate']:.0f} %"
@@ -265,7 +286,9 @@ def run_spread(
             print(
                 f"| {spread} {name}| {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} |"
                 f" {f['embed']:.1f} | {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} |"
-                f" {hit} | {churn} | {f['rss']:.0f} |",
+                f" {hit} | {churn} | {f['rss']:.0f} |"
+                f" {f['median_p50']:.1f} / {f['median_p95']:.1f} |"
+                f" {f['median_p50'] / f['embed']:.2f}x | {f['median_p95'] / f['median_p50']:.2f} |",
                 flush=True,
             )
 
