@@ -23,6 +23,11 @@ MODELS = {
     "e5": "intfloat/multilingual-e5-small",
     "mpnet": "sentence-transformers/all-mpnet-base-v2",
 }
+GRAPHS = {  # the cached files are named after the model's derived graph
+    "minilm": "all-MiniLM-L6-v2-onnx-qint8",
+    "e5": "multilingual-e5-small-onnx-qint8",
+    "mpnet": "all-mpnet-base-v2-onnx-qint8",
+}
 
 
 def load(model: str):
@@ -41,13 +46,8 @@ class Vectors:
     def __init__(self, model: str) -> None:
         self.model = model
         self._embedder = None
-        names = {
-            "minilm": "all-MiniLM-L6-v2-onnx-qint8",
-            "e5": "multilingual-e5-small-onnx-qint8",
-            "mpnet": "all-mpnet-base-v2-onnx-qint8",
-        }
-        self.path = CACHE_DIR / f"talent-design-vectors-{names[model]}.npz"
-        shared = CACHE_DIR / f"vectors-{names[model]}.npz"
+        self.path = CACHE_DIR / f"talent-design-vectors-{GRAPHS[model]}.npz"
+        shared = CACHE_DIR / f"vectors-{GRAPHS[model]}.npz"
         self.vectors: dict[str, np.ndarray] = {}
         for path in (self.path, shared):
             try:
