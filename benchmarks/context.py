@@ -42,6 +42,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -705,6 +707,21 @@ def scratch_database(base_dsn: str) -> str:
     params = conninfo_to_dict(base_dsn)
     params["dbname"] = name
     return make_conninfo(**params)
+
+
+@contextmanager
+def kept_database(work: Path, dbname: str) -> Iterator[str]:
+    """The DSN of `dbname`, a database an earlier run loaded and kept, on the embedded
+    PostgreSQL of its work directory (started for the block, then stopped)."""
+    from satchel.server.platform.storage.embedded import EmbeddedPostgres
+
+    embedded = EmbeddedPostgres(work)
+    params = conninfo_to_dict(embedded.start())
+    params["dbname"] = dbname
+    try:
+        yield make_conninfo(**params)
+    finally:
+        embedded.stop()
 
 
 def main() -> int:

@@ -24,8 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import context as bench
@@ -33,7 +31,6 @@ import context as bench
 from satchel.server.context.storage import candidates, multi_hop
 from satchel.server.platform.config import Settings
 from satchel.server.platform.storage import pool
-from satchel.server.platform.storage.embedded import EmbeddedPostgres
 
 WRITTEN = {module: (module.for_scope, module.generic_plans) for module in (candidates, multi_hop)}
 
@@ -108,18 +105,12 @@ def main() -> None:
     from satchel.server.platform.logs import configure_logging
 
     configure_logging("warning", "console")
-    embedded = EmbeddedPostgres(args.work)
-    params = conninfo_to_dict(embedded.start())
-    params["dbname"] = args.dbname
-    dsn = make_conninfo(**params)
-    try:
+    with bench.kept_database(args.work, args.dbname) as dsn:
         settings = replace(Settings.from_env(), database_url=dsn, data_dir=args.work)
         if args.build_indexes:
             asyncio.run(bench.build_scope_indexes(dsn, settings))
         texts = bench.questions(args.calls, random.Random(5))
         asyncio.run(paired(settings, args.project, args.subject, texts))
-    finally:
-        embedded.stop()
 
 
 if __name__ == "__main__":

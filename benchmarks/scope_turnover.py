@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,7 +35,6 @@ import context as bench
 
 from satchel.server.context import service
 from satchel.server.platform.config import Settings
-from satchel.server.platform.storage.embedded import EmbeddedPostgres
 
 PROJECT = "bench-scale"
 WARM_UP = 10
@@ -131,11 +129,7 @@ def main() -> None:
     from satchel.server.platform.logs import configure_logging
 
     configure_logging("warning", "console")
-    embedded = EmbeddedPostgres(args.work)
-    params = conninfo_to_dict(embedded.start())
-    params["dbname"] = args.dbname
-    dsn = make_conninfo(**params)
-    try:
+    with bench.kept_database(args.work, args.dbname) as dsn:
         band = median_band(dsn)
         texts = bench.questions(args.calls + WARM_UP, random.Random(5))
         print(f"{len(band)} scopes of about the median size; {args.calls} calls a case")
@@ -155,8 +149,6 @@ def main() -> None:
                     f" {f['pack']:.1f} / {f['total']:.1f} | {f['save']:.2f} |",
                     flush=True,
                 )
-    finally:
-        embedded.stop()
 
 
 if __name__ == "__main__":
