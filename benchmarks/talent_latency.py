@@ -82,7 +82,9 @@ def main() -> None:
     needed = len(sizes) * 2 * (args.calls + WARM_UP)
     if len(tasks) < needed:
         raise SystemExit(f"{len(tasks)} tasks for {needed} calls: lower --calls")
-    embedder = load_embedder(Settings.from_env({}))
+    # The server's model (SATCHEL_EMBED_MODEL, else the default), nothing else of the caller's.
+    model = {k: v for k, v in os.environ.items() if k == "SATCHEL_EMBED_MODEL"}
+    embedder = load_embedder(Settings.from_env(model))
     with tempfile.TemporaryDirectory(prefix="satchel-talent-latency-") as tmp:
         log_path = Path(tmp) / "serve.log"
         env = {
