@@ -787,7 +787,7 @@ def main() -> int:
         if args.scopes and args.spread_only:
             if not args.reuse:
                 parser.error("--spread-only measures a database loaded earlier: give --reuse")
-            run_spread(dsn, texts, args.spread_calls, args.spread_cache_mb)
+            run_spread(dsn, texts, args.spread_calls, [str(mb) for mb in args.spread_cache_mb])
             return 0
         if args.scopes:
             if args.reuse:
@@ -815,7 +815,7 @@ def main() -> int:
             asyncio.run(build_scope_indexes(dsn, maintained))
             print("\n=== after: each scope above the exact cut has its own index ===")
             asyncio.run(measure_many_scopes(dsn, maintained, "bench-scale", sizes, queries))
-            run_spread(dsn, texts, args.spread_calls, args.spread_cache_mb)
+            run_spread(dsn, texts, args.spread_calls, [str(mb) for mb in args.spread_cache_mb])
             return 0
         # Every scope is loaded first: they share one table, as tenants do.
         scopes = []

@@ -6,6 +6,8 @@ such a run loaded:
     .venv/bin/python benchmarks/scope_spread.py DSN [--calls 4000] [--cache-mb 256 0]
         [--spread round-robin Zipf] [--also DSN2 ...]
 
+A cache size may name how the copies hold vectors: `256:float16` (SATCHEL_SCOPE_CACHE_VECTORS).
+
 Per spread it starts one `satchel serve` per cache size on the database (subprocesses: their
 RSS is the server's), all at once, then sends each AssembleContext call to every server in
 turn, so that the sizes compared share the machine's noise. The calls go to the scopes of
@@ -129,19 +131,19 @@ async def _serving(channel: grpc.aio.Channel, timeout: float = 120) -> None:
         await asyncio.sleep(0.2)
 
 
-def _start_server(
-    dsn: str, data_dir: Path, cache_mb: int
-) -> tuple[subprocess.Popen[bytes], str, int]:
-    """`satchel serve` on the database with this cache size (its own data directory): the
-    process, its gRPC target, its metrics port."""
+def _start_server(dsn: str, data_dir: Path, cache: str) -> tuple[subprocess.Popen[bytes], str, int]:
+    """`satchel serve` on the database with this cache (`MB` or `MB:vector type`; its own
+    data directory): the process, its gRPC target, its metrics port."""
     target, metrics_port = f"127.0.0.1:{_free_port()}", _free_port()
+    cache_mb, _, vectors = cache.partition(":")
     env = {
         **os.environ,
         "SATCHEL_DATABASE_URL": dsn,
         "SATCHEL_DATA_DIR": tempfile.mkdtemp(prefix=f"cache-{cache_mb}-", dir=data_dir),
         "SATCHEL_LISTEN": target,
         "SATCHEL_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
-        "SATCHEL_SCOPE_CACHE_MB": str(cache_mb),
+        "SATCHEL_SCOPE_CACHE_MB": cache_mb,
+        "SATCHEL_SCOPE_CACHE_VECTORS": vectors or "float32",
         "SATCHEL_LOG_LEVEL": "error",
         "GRPC_VERBOSITY": "ERROR",
     }
@@ -163,7 +165,7 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 
 async def measure_cases(
-    cases: list[tuple[str, int]],
+    cases: list[tuple[str, str]],
     data_dir: Path,
     embedder: Embedder,
     texts: list[str],
@@ -239,7 +241,7 @@ def run_spread(
     dsn: str,
     texts: list[str],
     calls: int,
-    cache_sizes: list[int],
+    cache_sizes: list[str],
     exact_scope_max: int = 10_000,
     spreads: tuple[str, ...] = SPREADS,
     other_dsns: tuple[str, ...] = (),
@@ -277,12 +279,9 @@ def run_spread(
         )
         for (db, cache_mb), f in zip(cases, figures, strict=True):
             name = f"| {urllib.parse.urlsplit(db).path.lstrip('/')} " if other_dsns else ""
-            hit = "-" if cache_mb == 0 else f"{100 * f['hit_rate']:.0f} %"
-            churn = (
-                "-"
-                if cache_mb == 0
-                else f"{f['loads']:.0f} / {f['evictions']:.0f} / {f['rejected']:.0f}"
-            )
+            off = cache_mb.partition(":")[0] == "0"
+            hit = "-" if off else f"{100 * f['hit_rate']:.0f} %"
+            churn = "-" if off else f"{f['loads']:.0f} / {f['evictions']:.0f} / {f['rejected']:.0f}"
             print(
                 f"| {spread} {name}| {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} |"
                 f" {f['embed']:.1f} | {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} |"
@@ -297,7 +296,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dsn", help="a database loaded by benchmarks/context.py --scopes")
     parser.add_argument("--calls", type=int, default=4000)
-    parser.add_argument("--cache-mb", type=int, nargs="+", default=[256, 0])
+    parser.add_argument("--cache-mb", nargs="+", default=["256", "0"], help="MB[:float16]")
     parser.add_argument("--spread", nargs="+", choices=SPREADS, default=list(SPREADS))
     parser.add_argument(
         "--also", nargs="+", default=[], metavar="DSN", help="copies of the database, side by side"

@@ -145,6 +145,11 @@ class ContextSettings:
     #: time) do not slow the calls beside them on the same cores (benchmarks/context.md); `1`:
     #: no rest.
     scope_cache_load_share: float = 0.25
+    #: Hybrid: how the scope cache holds vectors: `float32`, as stored (packets identical to
+    #: the statements'); `float16`: half the memory, so about 1.5x the scopes in the same MB,
+    #: at cosines that differ in the fourth decimal and ~0.4 µs a held row a call to widen
+    #: them (benchmarks/context.md).
+    scope_cache_vectors: str = "float32"
     #: Hybrid: of two facts with one predicate at least this close (cosine), the newer ranks
     #: first (a value stated again later; server/context/domain/updates.py); `0`: off.
     newer_wins_similarity: float = 0.6
@@ -211,6 +216,7 @@ def recall_floor(settings: ContextSettings, model_id: str) -> float:
 WEIGHT_FIELDS = ("weight_similarity", "weight_text_rank", "weight_recency")
 BUDGET_COUNTS = ("block", "items")
 BLOCK_LAYOUTS = ("dated", "lines")
+CACHE_VECTOR_TYPES = ("float32", "float16")
 RANKING_WEIGHTS: dict[str, tuple[float, float, float]] = {
     "hybrid": (0.7, 0.3, 0.02),  # measured on LoCoMo (benchmarks/locomo.md)
     "seed": (0.6, 0.25, 0.15),  # the seed's formula
@@ -469,6 +475,10 @@ class Settings:
             (
                 0 < c.scope_cache_load_share <= 1,
                 "SATCHEL_SCOPE_CACHE_LOAD_SHARE must be in (0, 1]",
+            ),
+            (
+                c.scope_cache_vectors in CACHE_VECTOR_TYPES,
+                "SATCHEL_SCOPE_CACHE_VECTORS is float32|float16",
             ),
             (
                 0.0 <= c.newer_wins_similarity <= 1.0,

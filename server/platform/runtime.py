@@ -69,6 +69,7 @@ class Runtime:
             context.scope_cache_mb * 2**20,
             context.scope_cache_max_rows,
             context.scope_cache_load_share,
+            context.scope_cache_vectors,
         )
         if self.traces is not None:  # deletions this server hears of (other servers' too)
             self.traces.on_erasure(self.scope_cache.forget)

@@ -12,6 +12,7 @@ import gc
 import itertools
 import math
 import time
+import tracemalloc
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +27,7 @@ from satchel.server.context import scope_cache
 from satchel.server.context import service as assembly
 from satchel.server.context.domain.episode_ranking import ScopeEvents
 from satchel.server.context.domain.fact_ranking import FactRanking
+from satchel.server.context.domain.score import Postings, postings_of
 from satchel.server.context.domain.scored import ScoredEpisode, ScoredFact
 from satchel.server.context.ranking import ranking_of
 from satchel.server.context.scope_cache import EVENTS, FACTS, ScopeCache
@@ -223,7 +225,7 @@ async def test_episodes_ranked_in_memory_equal_the_statements(
     async with runtime.pool.connection() as conn:
         events = await load_scope_events(conn, project_id, SUBJECT, max_rows=1000)
     assert events is not None and list(events.ids) == ids  # in conversation order
-    assert events.postings["run"][1].tolist() == [3.0]  # "runs and runs and runs"
+    assert events.postings.get("run")[1].tolist() == [3.0]  # "runs and runs and runs"
     scope = scope_of(project_id)
     lifted = flagged = 0
     for query in QUERIES:
@@ -382,7 +384,7 @@ def fake_events(version: int, count: int) -> ScopeEvents:
         vectors=vectors,
         norms=np.full(count, 2.0),
         lexeme_tokens=np.ones(count),
-        postings={},
+        postings=postings_of([]),
     )
 
 
@@ -468,7 +470,7 @@ async def test_a_queued_load_whose_copy_would_be_turned_away_is_not_read(monkeyp
     index = ScopeCache(pool=None, max_bytes=2 * size, max_rows=100)  # type: ignore[arg-type]
     read: list[str] = []
 
-    async def load(conn: object, project_id: str, subject_id: str, max_rows: int) -> ScopeEvents:
+    async def load(conn: object, project_id: str, subject_id: str, *limits: object) -> ScopeEvents:
         read.append(subject_id)
         return fake_events(1, 10)
 
@@ -739,7 +741,11 @@ async def test_held_copies_are_left_out_of_garbage_collections(
             # from); a fact's value is held as its JSON text.
             if name == "inactive_sources":
                 continue
-            assert not gc.is_tracked(column), f"{type(copy).__name__}.{name} is walked"
+            # Postings: one tuple a copy (a subclass, which the collector keeps walking) of
+            # a dictionary and arrays, which it does not.
+            members = column if isinstance(column, Postings) else (column,)
+            for member in members:
+                assert not gc.is_tracked(member), f"{type(copy).__name__}.{name} is walked"
     rows = [*facts.source_event_ids, *facts.conflicts.values(), *facts.drawn_from.values()]
     assert facts.conflicts and not any(gc.is_tracked(row) for row in rows)
 
@@ -825,3 +831,64 @@ async def test_a_scope_read_twice_unchanged_serves_its_facts_from_memory(
     after = await assemble(channel, project_id, query)
     assert cache.stats[FACTS].hits == hits + 1
     assert retired not in [f.id for f in after.packet.facts]
+
+
+async def test_a_copys_size_is_about_the_memory_it_takes(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    """`nbytes`, which the cache's budget counts, is within a third of what a loaded copy
+    allocates: SATCHEL_SCOPE_CACHE_MB is the memory the copies take, not a figure of speech."""
+    await load_conversation(channel, project_id)
+    await load_facts(channel, project_id)
+    runtime = server.runtime.value
+    for loader in (load_scope_events, load_scope_facts):
+        async with runtime.pool.connection() as conn:
+            await loader(conn, project_id, SUBJECT, max_rows=1000)  # the first load's caches
+            tracemalloc.start()
+            try:
+                copy = await loader(conn, project_id, SUBJECT, max_rows=1000)
+                assert copy is not None and len(copy)
+                gc.collect()
+                allocated = tracemalloc.get_traced_memory()[0]
+            finally:
+                tracemalloc.stop()
+        assert 0.75 < copy.nbytes / allocated < 1.33, (loader.__name__, copy.nbytes, allocated)
+
+
+async def test_float16_copies_take_half_the_vector_memory_and_rank_alike(
+    channel: grpc.aio.Channel, project_id: str, server
+) -> None:
+    """SATCHEL_SCOPE_CACHE_VECTORS=float16: the same candidates as the statements, cosines
+    within float16's rounding (not identical: benchmarks/context.md measures the packets)."""
+    await load_conversation(channel, project_id)
+    await load_facts(channel, project_id)
+    runtime = server.runtime.value
+    cfg = runtime.settings.context
+    scope = scope_of(project_id)
+    half = np.dtype(np.float16)
+    async with runtime.pool.connection() as conn:
+        exact = await load_scope_facts(conn, project_id, SUBJECT, 1000)
+        compact = await load_scope_facts(conn, project_id, SUBJECT, 1000, half)
+        events = await load_scope_events(conn, project_id, SUBJECT, 1000, half)
+    assert exact is not None and compact is not None and events is not None
+    assert compact.vectors.dtype == half and events.vectors.dtype == half
+    assert compact.vectors.nbytes * 2 == exact.vectors.nbytes
+    assert compact.nbytes < exact.nbytes - exact.vectors.nbytes // 3
+    for query in FACT_QUERIES:
+        vector = await runtime.embed_query(query)
+        async with runtime.pool.connection() as conn:
+            plan = await plan_query(conn, scope, query, cfg)
+            expected = await fetch_fact_candidates(conn, scope, vector, cfg, plan)
+        parts = assembly.fact_query(ranking_of(cfg), cfg, scope, vector, plan)
+        actual = FactRanking(compact, parts).candidates().facts
+        assert {r.id for r in actual} == {r.id for r in expected.facts}
+        by_id = {r.id: r for r in expected.facts}
+        for row in actual:
+            assert math.isclose(row.similarity, by_id[row.id].similarity, abs_tol=2e-3)
+            assert row.text_rank == by_id[row.id].text_rank or math.isclose(
+                row.text_rank, by_id[row.id].text_rank, abs_tol=1e-6
+            )
+        ranked = await assembly.ranked_episodes(
+            runtime, ranking_of(cfg), scope, vector, plan, fail, events, compact, cfg
+        )
+        assert ranked, query

@@ -59,6 +59,7 @@ def test_hybrid_ranking_is_the_default_and_the_seed_formula_is_reachable() -> No
         ("SATCHEL_EPISODE_CONTEXT_GAP_SECONDS", "-1", "SATCHEL_EPISODE_CONTEXT_GAP_SECONDS"),
         ("SATCHEL_EPISODE_POOL", "0", "SATCHEL_EPISODE_POOL must be positive"),
         ("SATCHEL_NEWER_WINS_SIMILARITY", "1.5", "SATCHEL_NEWER_WINS_SIMILARITY must be in"),
+        ("SATCHEL_SCOPE_CACHE_VECTORS", "int8", "SATCHEL_SCOPE_CACHE_VECTORS is float32|float16"),
     ],
 )
 def test_bad_ranking_settings_stop_the_server(name: str, raw: str, message: str) -> None:

@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from satchel.server.context.domain.score import (
+    Postings,
     Weights,
     best,
     bm25,
@@ -40,11 +41,10 @@ class ScopeEvents:
     texts: tuple[str, ...]
     occurred_at: tuple[datetime, ...]
     occurred_us: np.ndarray  # int64 microseconds since the epoch
-    vectors: np.ndarray  # float32 (n, dim), as stored
-    norms: np.ndarray  # float64 (n,)
+    vectors: np.ndarray  # float32 (n, dim) as stored, or float16 (`scope_cache.py`)
+    norms: np.ndarray  # float64 (n,): the stored vectors'
     lexeme_tokens: np.ndarray  # float64 (n,): each event's length for BM25
-    # lexeme -> (positions of the events holding it, its frequency in each)
-    postings: dict[str, tuple[np.ndarray, np.ndarray]]
+    postings: Postings  # stemmed lexemes (BM25)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -58,8 +58,8 @@ class ScopeEvents:
 
     @cached_property
     def nbytes(self) -> int:
-        """Roughly what these events hold in memory (a lexeme's posting: two small arrays and
-        a dict entry, ~300 bytes; a row's id, kind, instant and list slots, ~400)."""
+        """Roughly what these events hold in memory (a row's id, kind, instant and list
+        slots: ~400 bytes)."""
         arrays = (
             self.vectors.nbytes
             + self.norms.nbytes
@@ -67,9 +67,8 @@ class ScopeEvents:
             + self.lexeme_tokens.nbytes
             + self.id_order.nbytes
         )
-        postings = sum(p.nbytes + f.nbytes + 300 for p, f in self.postings.values())
         text = sum(len(t) + 400 for t in self.texts)
-        return arrays + postings + text
+        return arrays + self.postings.nbytes + text
 
     def prepare(self) -> None:
         """Compute what ranking derives once (as they are loaded, off the event loop)."""

@@ -56,8 +56,8 @@ class ScopeFacts:
     anchor_us: np.ndarray  # coalesce(valid_from, recorded_from), what staleness counts from
     valid_to_us: np.ndarray  # NEVER when open-ended
     stale_after_us: np.ndarray  # -1 when it never goes stale
-    vectors: np.ndarray  # float32 (n, dim)
-    norms: np.ndarray
+    vectors: np.ndarray  # float32 (n, dim) as stored, or float16 (`scope_cache.py`)
+    norms: np.ndarray  # float64: the stored vectors'
     lexeme_tokens: np.ndarray
     postings: Postings  # stemmed lexemes (BM25)
     words: Postings  # the `simple` configuration's words (multi-hop)
@@ -98,13 +98,13 @@ class ScopeFacts:
                 self.lexeme_tokens,
             )
         )
-        postings = sum(
-            p.nbytes + f.nbytes + 300 for d in (self.postings, self.words) for p, f in d.values()
-        )
+        postings = self.postings.nbytes + self.words.nbytes
         # A row's statement (twice: as served and in its value, typically), id, predicate,
-        # instants, sources and list slots; the events the other facts were drawn from.
+        # instants, sources, list slots and its entry by id; the events the other facts were
+        # drawn from. (tests/context/test_scope_cache.py checks the sum against the memory
+        # a loaded copy takes.)
         rows = sum(
-            len(s) * 2 + 800 + 150 * len(e)
+            len(s) * 2 + 400 + 150 * len(e)
             for s, e in zip(self.statements, self.source_event_ids, strict=True)
         )
         return arrays + postings + rows + 150 * len(self.inactive_sources)

@@ -29,9 +29,9 @@ and tests/context/test_score_sql.py check that both compute the same.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -104,12 +104,37 @@ SQL_TEXT_FULL = f"greatest(coalesce(max(raw), 0.0), {TEXT_FULL_FLOOR})"
 
 # --- the score in memory ------------------------------------------------------------------
 
-Postings = Mapping[str, tuple[np.ndarray, np.ndarray]]  # lexeme -> (positions, frequencies)
+
+class Postings(NamedTuple):
+    """Each lexeme's documents (positions) and frequencies there, packed: one array of each for
+    all lexemes, sliced by `offsets` (a NumPy array a lexeme costs ~100 bytes more than its
+    postings, and a scope holds thousands of lexemes; issue 39). Its members are left out of
+    garbage collections, as a copy's rows are (`ScopeFacts`)."""
+
+    slots: dict[str, int]  # lexeme -> its slot in `offsets`
+    offsets: np.ndarray  # int64 (lexemes + 1): slot i's postings are [offsets[i], offsets[i+1])
+    positions: np.ndarray  # int32
+    frequencies: np.ndarray  # int32
+
+    def get(self, lexeme: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The documents holding `lexeme` (ascending positions) and its frequency in each."""
+        slot = self.slots.get(lexeme)
+        if slot is None:
+            return None
+        start, end = self.offsets[slot], self.offsets[slot + 1]
+        return self.positions[start:end], self.frequencies[start:end].astype(np.float64)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def nbytes(self) -> int:
+        """Roughly what they hold in memory (a dictionary entry and key per lexeme)."""
+        arrays = self.offsets.nbytes + self.positions.nbytes + self.frequencies.nbytes
+        return arrays + sum(100 + len(lexeme) for lexeme in self.slots)
 
 
-def postings_of(
-    documents: Sequence[tuple[Sequence[str], Sequence[int]]],
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def postings_of(documents: Sequence[tuple[Sequence[str], Sequence[int]]]) -> Postings:
     """Each lexeme's positions and frequencies among documents given as (lexemes, frequencies)."""
     grouped: dict[str, tuple[list[int], list[int]]] = {}
     for position, (lexemes, frequencies) in enumerate(documents):
@@ -117,19 +142,28 @@ def postings_of(
             at, tf = grouped.setdefault(lexeme, ([], []))
             at.append(position)
             tf.append(frequency)
-    return {
-        lexeme: (np.array(at, dtype=np.int64), np.array(tf, dtype=np.float64))
-        for lexeme, (at, tf) in grouped.items()
-    }
+    lengths = [len(at) for at, _ in grouped.values()]
+    return Postings(
+        slots={lexeme: slot for slot, lexeme in enumerate(grouped)},
+        offsets=np.concatenate(([0], np.cumsum(lengths, dtype=np.int64))),
+        positions=np.fromiter(
+            (p for at, _ in grouped.values() for p in at), dtype=np.int32, count=sum(lengths)
+        ),
+        frequencies=np.fromiter(
+            (f for _, tf in grouped.values() for f in tf), dtype=np.int32, count=sum(lengths)
+        ),
+    )
 
 
 def cosine_similarity(vectors: np.ndarray, norms: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """Each row's cosine with `vector` (float32 products, like pgvector's); none for no rows
-    (an empty scope's matrix has no columns either)."""
+    """Each row's cosine with `vector` (float32 products, like pgvector's; float16 rows are
+    widened first); none for no rows (an empty scope's matrix has no columns either)."""
     if len(vectors) == 0:
         return np.zeros(0)
     query = np.asarray(vector, dtype=np.float32)
-    cosine = (vectors @ query) / (norms * float(np.linalg.norm(query)))
+    cosine = (vectors.astype(np.float32, copy=False) @ query) / (
+        norms * float(np.linalg.norm(query))
+    )
     return 1.0 - (1.0 - np.clip(cosine, -1.0, 1.0))  # the statements' 1 - distance
 
 

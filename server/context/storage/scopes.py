@@ -17,6 +17,8 @@ from satchel.server.context.domain.score import (
 )
 from satchel.server.context.storage.sql import VERSION
 
+FLOAT32 = np.dtype(np.float32)  # vectors as stored
+
 # Microseconds since the epoch of a finite instant (NULL for NULL).
 _MICROS = "(extract(epoch FROM {0}) * 1000000)::int8"
 
@@ -105,26 +107,34 @@ async def _scope_rows(
     return first, rows
 
 
-def _vectors(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """The rows' embeddings as one float32 matrix, and their norms."""
+def _vectors(rows: list[dict[str, Any]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' embeddings as one matrix of `dtype`, and the norms of the stored vectors."""
     if not rows:
-        return np.zeros((0, 0), dtype=np.float32), np.zeros(0)
+        return np.zeros((0, 0), dtype=dtype), np.zeros(0)
     vectors = np.stack([r["embedding"].to_numpy() for r in rows]).astype(np.float32, copy=False)
-    return vectors, np.linalg.norm(vectors.astype(np.float64), axis=1)
+    return vectors.astype(dtype, copy=False), np.linalg.norm(vectors.astype(np.float64), axis=1)
 
 
 async def load_scope_events(
-    conn: AsyncConnection, project_id: str, subject_id: str, max_rows: int
+    conn: AsyncConnection,
+    project_id: str,
+    subject_id: str,
+    max_rows: int,
+    vector_type: np.dtype = FLOAT32,
 ) -> ScopeEvents | None:
-    """A scope's events as hybrid ranking reads them in memory; None above `max_rows`."""
+    """A scope's events as hybrid ranking reads them in memory, their vectors as `vector_type`;
+    None above `max_rows`."""
     loaded = await _scope_rows(conn, _SCOPE_EVENTS_SQL, project_id, subject_id, max_rows)
     if loaded is None:
         return None
-    return await asyncio.to_thread(_scope_events, *loaded)  # off the event loop: ~20 µs a row
+    # off the event loop: ~20 µs a row
+    return await asyncio.to_thread(_scope_events, *loaded, vector_type)
 
 
-def _scope_events(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeEvents:
-    vectors, norms = _vectors(rows)
+def _scope_events(
+    first: dict[str, Any], rows: list[dict[str, Any]], vector_type: np.dtype
+) -> ScopeEvents:
+    vectors, norms = _vectors(rows, vector_type)
     events = ScopeEvents(
         version=int(first["version"]),
         ids=tuple(r["id"] for r in rows),
@@ -142,13 +152,18 @@ def _scope_events(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeEve
 
 
 async def load_scope_facts(
-    conn: AsyncConnection, project_id: str, subject_id: str, max_rows: int
+    conn: AsyncConnection,
+    project_id: str,
+    subject_id: str,
+    max_rows: int,
+    vector_type: np.dtype = FLOAT32,
 ) -> ScopeFacts | None:
-    """A scope's active facts as hybrid ranking reads them in memory; None above `max_rows`."""
+    """A scope's active facts as hybrid ranking reads them in memory, their vectors as
+    `vector_type`; None above `max_rows`."""
     loaded = await _scope_rows(conn, _SCOPE_FACTS_SQL, project_id, subject_id, max_rows)
     if loaded is None:
         return None
-    return await asyncio.to_thread(_scope_facts, *loaded)
+    return await asyncio.to_thread(_scope_facts, *loaded, vector_type)
 
 
 def _lowered(words: list[str]) -> tuple[list[str], list[int]]:
@@ -158,8 +173,10 @@ def _lowered(words: list[str]) -> tuple[list[str], list[int]]:
     return lowered, [1] * len(lowered)
 
 
-def _scope_facts(first: dict[str, Any], rows: list[dict[str, Any]]) -> ScopeFacts:
-    vectors, norms = _vectors(rows)
+def _scope_facts(
+    first: dict[str, Any], rows: list[dict[str, Any]], vector_type: np.dtype
+) -> ScopeFacts:
+    vectors, norms = _vectors(rows, vector_type)
 
     def instants(column: str, missing: int) -> np.ndarray:
         return np.array([missing if r[column] is None else r[column] for r in rows], dtype=np.int64)
