@@ -181,15 +181,11 @@ def _restated(
         if len(group) < 2:
             continue
         vectors = facts.vectors[group].astype(np.float64) / facts.norms[group, None]
-        close = vectors @ vectors.T
-        for a, newer in enumerate(group):
-            older = [
-                facts.ids[o]
-                for b, o in enumerate(group)
-                if facts.since_epoch[o] < facts.since_epoch[newer] and close[a, b] >= newer_wins
-            ]
-            if older:
-                restates[newer] = older
+        since = facts.since_epoch[group]
+        # [a, b]: fact b is older than fact a and close enough to be what a states again
+        older = (since[None, :] < since[:, None]) & (vectors @ vectors.T >= newer_wins)
+        for a in np.flatnonzero(older.any(axis=1)).tolist():
+            restates[group[a]] = [facts.ids[group[b]] for b in np.flatnonzero(older[a]).tolist()]
     return restates
 
 
