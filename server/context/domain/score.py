@@ -107,9 +107,9 @@ SQL_TEXT_FULL = f"greatest(coalesce(max(raw), 0.0), {TEXT_FULL_FLOOR})"
 
 class Postings(NamedTuple):
     """Each lexeme's documents (positions) and frequencies there, packed: one array of each for
-    all lexemes, sliced by `offsets` (a NumPy array a lexeme costs ~100 bytes more than its
-    postings, and a scope holds thousands of lexemes; issue 39). Its members are left out of
-    garbage collections, as a copy's rows are (`ScopeFacts`)."""
+    all lexemes, sliced by `offsets` (two small NumPy arrays per lexeme cost ~200 bytes beyond
+    the postings, and a scope holds thousands of lexemes). Its members are left out of garbage
+    collections, as a copy's rows are (`ScopeFacts`)."""
 
     slots: dict[str, int]  # lexeme -> its slot in `offsets`
     offsets: np.ndarray  # int64 (lexemes + 1): slot i's postings are [offsets[i], offsets[i+1])
