@@ -931,3 +931,19 @@ async def test_a_server_holds_the_vector_type_it_is_configured_with(
         served = await assemble(channel, project_id, query)
         assert cache.stats[FACTS].hits == hits + 1
         assert {f.id for f in served.packet.facts} == {f.id for f in first.packet.facts}
+
+
+def test_a_copy_keeps_float32_vectors_whose_components_float16_cannot_hold() -> None:
+    """A model whose vectors are not normalised may store components beyond float16's range
+    (65,504): such a copy keeps them as stored rather than ranking on infinities."""
+    from pgvector import Vector
+
+    from satchel.server.context.storage.scopes import _vectors
+
+    half = np.dtype(np.float16)
+    rows = [{"embedding": Vector([3.0, 4.0])}, {"embedding": Vector([0.6, 0.8])}]
+    vectors, norms = _vectors(rows, half)
+    assert vectors.dtype == half and np.allclose(norms, [5.0, 1.0])  # the stored vectors'
+    rows.append({"embedding": Vector([1e5, 1.0])})
+    vectors, _ = _vectors(rows, half)
+    assert vectors.dtype == np.float32 and np.isfinite(vectors).all()

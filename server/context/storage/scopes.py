@@ -108,11 +108,15 @@ async def _scope_rows(
 
 
 def _vectors(rows: list[dict[str, Any]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """The rows' embeddings as one matrix of `dtype`, and the norms of the stored vectors."""
+    """The rows' embeddings as one matrix of `dtype` (as stored where a component does not fit
+    it), and the norms of the stored vectors."""
     if not rows:
         return np.zeros((0, 0), dtype=dtype), np.zeros(0)
     vectors = np.stack([r["embedding"].to_numpy() for r in rows]).astype(np.float32, copy=False)
-    return vectors.astype(dtype, copy=False), np.linalg.norm(vectors.astype(np.float64), axis=1)
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+    with np.errstate(over="ignore"):
+        narrowed = vectors.astype(dtype, copy=False)
+    return (narrowed if np.isfinite(narrowed).all() else vectors), norms
 
 
 async def load_scope_events(
