@@ -15,6 +15,7 @@ import time
 import tracemalloc
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import grpc
 import numpy as np
@@ -818,21 +819,30 @@ async def test_a_scope_read_twice_unchanged_serves_its_facts_from_memory(
     await load_facts(channel, project_id)
     cache: ScopeCache = server.runtime.value.scope_cache
     query = "Where does Tom live?"
-    first = await assemble(channel, project_id, query)
-    await assemble(channel, project_id, query)
-    await cache.wait_loaded()
-    hits = cache.stats[FACTS].hits
-    served = await assemble(channel, project_id, query)
-    assert cache.stats[FACTS].hits == hits + 1
+    first, served = await served_from_memory(channel, project_id, cache, query)
     assert [f.id for f in served.packet.facts] == [f.id for f in first.packet.facts]
+    hits = cache.stats[FACTS].hits
     # A retired fact is never served from the copy that still holds it.
     retired = served.packet.facts[0].id
     await memory_stub(channel).RetireFact(
         memory_pb2.RetireFactRequest(project_id=project_id, fact_id=retired, reason="moved")
     )
     after = await assemble(channel, project_id, query)
-    assert cache.stats[FACTS].hits == hits + 1
+    assert cache.stats[FACTS].hits == hits
     assert retired not in [f.id for f in after.packet.facts]
+
+
+async def served_from_memory(
+    channel: grpc.aio.Channel, project_id: str, cache: ScopeCache, query: str
+) -> tuple[Any, Any]:
+    """A call, a second that has the scope's facts loaded, and a third served from them."""
+    first = await assemble(channel, project_id, query)
+    await assemble(channel, project_id, query)
+    await cache.wait_loaded()
+    hits = cache.stats[FACTS].hits
+    served = await assemble(channel, project_id, query)
+    assert cache.stats[FACTS].hits == hits + 1
+    return first, served
 
 
 async def test_a_copys_size_is_about_the_memory_it_takes(
@@ -921,15 +931,9 @@ async def test_a_server_holds_the_vector_type_it_is_configured_with(
     async with running(settings, context=context) as compact, channel_to(compact) as channel:
         await load_facts(channel, project_id)
         cache: ScopeCache = compact.runtime.value.scope_cache
-        query = "Where does Tom live?"
-        first = await assemble(channel, project_id, query)
-        await assemble(channel, project_id, query)
-        await cache.wait_loaded()
+        first, served = await served_from_memory(channel, project_id, cache, "Where does Tom live?")
         (held,) = cache.copies(project_id)
         assert held.vectors.dtype == np.float16
-        hits = cache.stats[FACTS].hits
-        served = await assemble(channel, project_id, query)
-        assert cache.stats[FACTS].hits == hits + 1
         assert {f.id for f in served.packet.facts} == {f.id for f in first.packet.facts}
 
 
