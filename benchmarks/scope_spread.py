@@ -178,7 +178,7 @@ async def measure_cases(
     every call and for the calls to `median_scopes` (`median_p50`, `median_p95`)."""
     from satchel.v1 import context_pb2, context_pb2_grpc
 
-    servers = [_start_server(dsn, data_dir, mb) for dsn, mb in cases]
+    servers = [_start_server(dsn, data_dir, cache) for dsn, cache in cases]
     channels = [grpc.aio.insecure_channel(target) for _, target, _ in servers]
     try:
         for channel in channels:
@@ -259,7 +259,7 @@ def run_spread(
     rng = random.Random(3)
     queries = [rng.choice(texts) for _ in range(calls)]
     databases = (dsn, *other_dsns)
-    cases = [(db, mb) for db in databases for mb in cache_sizes]
+    cases = [(db, cache) for db in databases for cache in cache_sizes]
     print(
         f"\n=== {calls} calls spread over the {len(scopes)} scopes scored exactly"
         f" (the first {calls // 2} warm up; cases served side by side); 'median-size': the"
@@ -277,13 +277,13 @@ def run_spread(
         figures = asyncio.run(
             measure_cases(cases, data_dir, embedder, queries, subjects, median_scopes)
         )
-        for (db, cache_mb), f in zip(cases, figures, strict=True):
+        for (db, cache), f in zip(cases, figures, strict=True):
             name = f"| {urllib.parse.urlsplit(db).path.lstrip('/')} " if other_dsns else ""
-            off = cache_mb.partition(":")[0] == "0"
+            off = cache.partition(":")[0] == "0"
             hit = "-" if off else f"{100 * f['hit_rate']:.0f} %"
             churn = "-" if off else f"{f['loads']:.0f} / {f['evictions']:.0f} / {f['rejected']:.0f}"
             print(
-                f"| {spread} {name}| {cache_mb} | {f['p50']:.1f} | {f['p95']:.1f} |"
+                f"| {spread} {name}| {cache} | {f['p50']:.1f} | {f['p95']:.1f} |"
                 f" {f['embed']:.1f} | {f['p50'] / f['embed']:.2f}x | {f['p95'] / f['p50']:.2f} |"
                 f" {hit} | {churn} | {f['rss']:.0f} |"
                 f" {f['median_p50']:.1f} / {f['median_p95']:.1f} |"

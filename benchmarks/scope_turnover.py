@@ -32,6 +32,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import context as bench
+from scope_spread import median_sized
 
 from satchel.server.context import service
 from satchel.server.platform.config import Settings
@@ -41,7 +42,7 @@ WARM_UP = 10
 
 
 def median_band(dsn: str) -> list[str]:
-    """The project's scopes of half to twice the median size."""
+    """The project's scopes of half to twice the median size (of all its scopes)."""
     with psycopg.connect(dsn) as conn:
         sizes = dict(
             conn.execute(
@@ -50,8 +51,7 @@ def median_band(dsn: str) -> list[str]:
                 (PROJECT,),
             ).fetchall()
         )
-    median = statistics.median(sizes.values())
-    return sorted(s for s, n in sizes.items() if median / 2 <= n <= median * 2)
+    return sorted(median_sized(sizes))
 
 
 async def measure(settings: Settings, subjects: list[str], texts: list[str]) -> dict[str, Any]:
